@@ -1,0 +1,43 @@
+"""The `chatwoot-router` command: one subcommand per process of DESIGN §3.
+
+Each subcommand lives in its own module and is imported only when it runs, so `--help` stays fast and a
+missing optional piece never breaks the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module that defines `add_arguments(parser)` and `run(args) -> int`, one-line help)
+# Only commands that exist are listed here.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "kafka": ("streams.kafka_local", "run a local single-node Apache Kafka (KRaft) for development and tests"),
+    "config": ("streams.config_cmd", "validate configuration and secrets (`config check`)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="chatwoot-router",
+        description="Routing brain for a Chatwoot help desk, on Apache Kafka.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        command.set_defaults(_module=module_name)
+        importlib.import_module(module_name).add_arguments(command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    module = importlib.import_module(args._module)
+    code: int = module.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
