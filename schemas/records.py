@@ -7,9 +7,11 @@ what the rules read: no contact names, no e-mail addresses, no unredacted custom
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from projections.jev import Decision
 
 
 class Record(BaseModel):
@@ -49,3 +51,354 @@ class WebhookReceived(Record):
     @property
     def key(self) -> str:
         return conversation_key(self.account_id, self.conversation_id)
+
+
+# --- other events on `<app>.conversations` ---
+
+SweepStatus = Literal["pending", "open"]
+
+
+class SweepFound(Record):
+    """A conversation selected from a sweep page (behavior.md §5 step 3), admitted without a transition."""
+
+    type: Literal["sweep_found"] = "sweep_found"
+    account_id: int
+    conversation_id: int
+    status: SweepStatus = Field(description="which pass listed it")
+
+    @property
+    def key(self) -> str:
+        return conversation_key(self.account_id, self.conversation_id)
+
+
+class TimerFired(Record):
+    """A durable timer came due for `key` (a conversation "acct:conv" or a sweep "acct:status")."""
+
+    type: Literal["timer_fired"] = "timer_fired"
+    key: str
+    due_ms: int
+
+
+class SweepRequested(Record):
+    """A request for a sweep pass of one account and status (on `<app>.sweeps`, keyed "acct:status")."""
+
+    type: Literal["sweep_requested"] = "sweep_requested"
+    account_id: int
+    status: SweepStatus
+
+    @property
+    def key(self) -> str:
+        return f"{self.account_id}:{self.status}"
+
+
+# --- views: what the rules read from Chatwoot, and nothing more (DESIGN §4 "Privacy of the log") ---
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ConversationView(_View):
+    """The parts of `GET conversation` the rules read. The contact appears only as its e-mail domain."""
+
+    inbox_id: int | None
+    status: str | None
+    labels: tuple[str, ...] = ()
+    assignee_type: str | None = None
+    assignee_id: int | None = None
+    has_assignee: bool = Field(default=False, description="whether meta.assignee is an object")
+    blocked: bool = False
+    email_domain: str | None = Field(
+        default=None,
+        description="part of meta.sender.email after the first '@' (up to a second); None if no '@'",
+    )
+
+
+class MessageView(_View):
+    """One message as the turn rules and the reply rules read it (behavior.md §6, §9.2, §9.7)."""
+
+    id: int
+    message_type: int
+    private: bool | None = None
+    status: str | None = None
+    created_at: float | None = None
+    sender_type: str | None = None
+    sender_id: int | None = None
+    deleted: bool = False
+    auto_reply: bool = False
+    activity_type: str | None = None
+    activity_status: str | None = None
+    conversation_id: int | None = None
+    text: str | None = Field(
+        default=None, description="redacted sanitize(subject + '\\n' + body) for incoming messages, else None"
+    )
+
+
+class Boundary(_View):
+    """The status activity that starts the current turn."""
+
+    id: int
+    created_at: float | None = None
+    activity_status: str | None = None
+
+
+# --- effect commands (`<app>.effects`) ---
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GetConversation(_Params):
+    op: Literal["get_conversation"] = "get_conversation"
+
+
+class GetInboxBot(_Params):
+    op: Literal["get_inbox_bot"] = "get_inbox_bot"
+    inbox_id: int
+
+
+class ReadTurn(_Params):
+    """Composite: the turn read of behavior.md §6.1, up to 5 pages (driven by projections.turn.TurnPager)."""
+
+    op: Literal["read_turn"] = "read_turn"
+
+
+class Decide(_Params):
+    """System One call; `text` is the redacted input of §6.5, the questions come from the configuration."""
+
+    op: Literal["decide"] = "decide"
+    input_key: str
+    text: str
+
+
+class SetLabels(_Params):
+    op: Literal["set_labels"] = "set_labels"
+    labels: tuple[str, ...]
+
+
+class ScanReplyHistory(_Params):
+    """Composite: the reply-history scan of §9.7 step 1 (driven by projections.turn.ReplyHistoryScan)."""
+
+    op: Literal["scan_reply_history"] = "scan_reply_history"
+    bot_id: int
+
+
+class ListCanned(_Params):
+    op: Literal["list_canned"] = "list_canned"
+    short_code: str
+
+
+class CreateMessage(_Params):
+    op: Literal["create_message"] = "create_message"
+    content: str
+
+
+class ListAgents(_Params):
+    op: Literal["list_agents"] = "list_agents"
+
+
+class ToggleStatus(_Params):
+    op: Literal["toggle_status"] = "toggle_status"
+    status: Literal["open", "resolved", "snoozed"]
+
+
+class Assign(_Params):
+    op: Literal["assign"] = "assign"
+    assignee_id: int
+
+
+class Unassign(_Params):
+    op: Literal["unassign"] = "unassign"
+
+
+class ListConversations(_Params):
+    op: Literal["list_conversations"] = "list_conversations"
+    status: SweepStatus
+    page: int
+
+
+CommandParams = Annotated[
+    GetConversation
+    | GetInboxBot
+    | ReadTurn
+    | Decide
+    | SetLabels
+    | ScanReplyHistory
+    | ListCanned
+    | CreateMessage
+    | ListAgents
+    | ToggleStatus
+    | Assign
+    | Unassign
+    | ListConversations,
+    Field(discriminator="op"),
+]
+
+Op = Literal[
+    "get_conversation",
+    "get_inbox_bot",
+    "read_turn",
+    "decide",
+    "set_labels",
+    "scan_reply_history",
+    "list_canned",
+    "create_message",
+    "list_agents",
+    "toggle_status",
+    "assign",
+    "unassign",
+    "list_conversations",
+]
+
+
+class EffectCommand(Record):
+    """One external call. `command_id` is deterministic ("acct:conv:run:step"); `key` is the Kafka key."""
+
+    type: Literal["effect_command"] = "effect_command"
+    key: str = Field(description='"acct:conv" for route steps, "acct:status" for sweep pages')
+    account_id: int
+    command_id: str
+    params: CommandParams
+
+    @property
+    def op(self) -> Op:
+        return self.params.op
+
+
+# --- effect outcomes (events on the command's key) ---
+
+
+class ConversationResult(_Params):
+    op: Literal["get_conversation"] = "get_conversation"
+    conversation: ConversationView
+
+
+class InboxBotResult(_Params):
+    """The inbox's linked bot; `bot_id` None = unlinked (`null`, `{}` or no id)."""
+
+    op: Literal["get_inbox_bot"] = "get_inbox_bot"
+    bot_id: int | None = None
+    bot_account_id: int | None = None
+
+
+class TurnResult(_Params):
+    """The turn read: messages after the boundary (oldest first), the boundary, and how the read ended."""
+
+    op: Literal["read_turn"] = "read_turn"
+    messages: tuple[MessageView, ...] = ()
+    boundary: Boundary | None = None
+    complete: bool = False
+    deleted: bool = False
+
+
+class DecideResult(_Params):
+    op: Literal["decide"] = "decide"
+    decision: Decision
+
+
+class DoneResult(_Params):
+    """A mutation answered 2xx."""
+
+    op: Literal["set_labels", "toggle_status", "assign", "unassign"]
+
+
+class ReplyHistoryResult(_Params):
+    op: Literal["scan_reply_history"] = "scan_reply_history"
+    found: Literal["found", "unknown", "complete_none"]
+
+
+class CannedResult(_Params):
+    """The content of the canned response with the exact short code, or None when there is none."""
+
+    op: Literal["list_canned"] = "list_canned"
+    content: str | None = None
+
+
+class CreateMessageResult(_Params):
+    """The receipt of the created message, or None when the body could not be read as a message."""
+
+    op: Literal["create_message"] = "create_message"
+    message: MessageView | None = None
+
+
+class AgentsResult(_Params):
+    op: Literal["list_agents"] = "list_agents"
+    agent_ids: tuple[int, ...] = ()
+
+
+class SweepRow(_View):
+    id: int
+    assignee_type: str | None = None
+    assignee_id: int | None = None
+
+
+class ConversationsPageResult(_Params):
+    op: Literal["list_conversations"] = "list_conversations"
+    rows: tuple[SweepRow, ...] = ()
+
+
+OutcomeResult = Annotated[
+    ConversationResult
+    | InboxBotResult
+    | TurnResult
+    | DecideResult
+    | DoneResult
+    | ReplyHistoryResult
+    | CannedResult
+    | CreateMessageResult
+    | AgentsResult
+    | ConversationsPageResult,
+    Field(discriminator="op"),
+]
+
+
+class EffectError(_View):
+    """Why an effect did not produce a result. Carries only a class and an HTTP status, never a body."""
+
+    kind: Literal["missing", "failed", "timeout", "unconfirmed"] = Field(
+        description="missing = JSON 404; failed = non-2xx (status) or network/shape error (status None)"
+    )
+    status: int | None = None
+    reason: str | None = Field(default=None, description="short safe text, never a body")
+
+
+class EffectOutcome(Record):
+    """What one effect command did: a result or an error, and how many HTTP requests it made."""
+
+    type: Literal["effect_outcome"] = "effect_outcome"
+    key: str
+    account_id: int
+    command_id: str
+    op: Op
+    result: OutcomeResult | None = None
+    error: EffectError | None = None
+    requests: int = 0
+
+
+ConversationEvent = Annotated[
+    WebhookReceived | SweepFound | EffectOutcome | TimerFired, Field(discriminator="type")
+]
+SweepEvent = Annotated[SweepRequested | EffectOutcome | TimerFired, Field(discriminator="type")]
+
+TOPIC_RECORDS: dict[str, tuple[type[Record], ...]] = {
+    "conversations": (WebhookReceived, SweepFound, EffectOutcome, TimerFired),
+    "effects": (EffectCommand,),
+    "sweeps": (SweepRequested, EffectOutcome, TimerFired),
+}
+
+
+class TurnOutcome(_View):
+    """How a route run ended, for logs, metrics, the demo report and audits (not a topic record)."""
+
+    key: str
+    run: int
+    at_ms: int
+    result: Literal["assigned", "ended", "handed_off", "waited", "deferred", "nothing", "dropped", "retry"]
+    reason: str | None = None
+    status: str | None = Field(default=None, description="the status set by an 'ended' run")
+    assignee_id: int | None = None
+    labeled: bool = False
+    replied: bool = False
+    failures: int | None = Field(default=None, description="the turn's failure count after a 'retry'")
+    delay_ms: int | None = None

@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make demo` runs the router end to end, `make test` runs the tests.
+# Both create the virtual environment and install everything they need on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: install demo test lint bench clean
+
+$(BIN)/chatwoot-router: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/chatwoot-router kafka --fetch-only
+	@touch $@
+
+install: $(BIN)/chatwoot-router
+
+demo: install
+	$(BIN)/chatwoot-router demo
+
+test: install
+	$(BIN)/pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

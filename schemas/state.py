@@ -1,0 +1,146 @@
+"""Per-conversation and per-sweep state, as folded from the event log (behavior.md §4, §6.3, §7.6, §9.7).
+
+A conversation's state is one value (`ConversationState`) so that it is written atomically with the offset it
+last applied (DESIGN §5 "Idempotent folds"); each part also records the offset that last changed it, for
+audits that compare parts table by table.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from projections.jev import Decision
+from schemas.records import ConversationView, EffectCommand, TurnResult
+
+
+class _State(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Expected(_State):
+    """A status activity the next turn read must see (behavior.md §6.3 `expected`)."""
+
+    status: str
+    at: float | None = None
+    after: int = 0
+
+
+class TurnGuard(_State):
+    """behavior.md §6.3; `offset` = the last event offset that changed it."""
+
+    boundary: int | None = None
+    claimed: bool | None = None
+    pending: bool | None = None
+    transition_at: float | None = None
+    expected: Expected | None = None
+    handoff: bool = False
+    failures: int = 0
+    offset: int = -1
+
+
+class ReplyLedger(_State):
+    """behavior.md §9.7: any value forbids a new send."""
+
+    value: Literal["observed", "attempted"] | None = None
+    offset: int = -1
+
+
+class Memo(_State):
+    """A stored System One decision (behavior.md §7.6, Decisions 2)."""
+
+    decision: Decision
+    offset: int = -1
+
+
+class Job(_State):
+    """The conversation's route job (behavior.md §4.1)."""
+
+    version: int = 1
+    attempts: int = 0
+    not_before: int
+    created_at: int
+    offset: int = -1
+
+
+Phase = Literal[
+    "snapshot",  # waiting for get_conversation
+    "inbox_bot",  # waiting for get_inbox_bot
+    "disconnect_read",  # §9.8 re-read
+    "disconnect_toggle",  # §9.8 toggle_status open
+    "release_read",  # §9.9 re-read
+    "release_unassign",  # §9.9 unassign
+    "turn",  # waiting for read_turn
+    "decide",  # waiting for System One
+    "labels",
+    "history",  # reply-history scan
+    "canned",
+    "send",  # create_message
+    "agents",
+    "ending",  # toggle_status to the kind's status, or assign
+    "handoff_toggle",  # toggle_status open
+]
+
+# which fresh read a snapshot/turn read belongs to, i.e. where the procedure continues afterwards
+Purpose = Literal["initial", "after_decide", "before_send", "before_end", "handoff"]
+
+
+class Run(_State):
+    """The route run in progress: phase, the pending command and what later steps need (DESIGN §6)."""
+
+    number: int
+    step: int = 0
+    job_version: int
+    phase: Phase = "snapshot"
+    purpose: Purpose = "initial"
+    pending: EffectCommand | None = None
+    deadline_ms: int | None = None
+    requests: int = 0
+    inbox_id: int | None = None
+    current: ConversationView | None = None
+    first_turn: TurnResult | None = None
+    input_key: str | None = None
+    input_count: int = 0
+    memo_key: str | None = None
+    decision: Decision | None = None
+    kind: str | None = None
+    assignee: int | None = None
+    fresh_handoff: bool = False
+    handoff_reason: str | None = None
+    canned_content: str | None = None
+    labeled: bool = False
+    replied: bool = False
+    after_release: str | None = Field(default=None, description="outcome to report once a release finishes")
+    offset: int = -1
+
+
+class ConversationState(_State):
+    """Everything the fold keeps for one conversation; `offset` = last applied event offset."""
+
+    offset: int = -1
+    guard: TurnGuard = TurnGuard()
+    ledger: ReplyLedger = ReplyLedger()
+    memos: dict[str, Memo] = Field(default_factory=dict)
+    job: Job | None = None
+    run: Run | None = None
+    runs: int = Field(default=0, description="runs started so far; the run number in command ids")
+
+
+class SweepJob(_State):
+    version: int = 1
+    attempts: int = 0
+    not_before: int
+    created_at: int
+
+
+class SweepState(_State):
+    """A sweep pass of one "acct:status" (behavior.md §5): cursor, job and the pending page command."""
+
+    offset: int = -1
+    cursor: int | None = Field(default=None, description="next page; None = page 1")
+    job: SweepJob | None = None
+    pending: EffectCommand | None = None
+    deadline_ms: int | None = None
+    running_version: int | None = Field(default=None, description="the job version the pending page runs for")
+    pages: int = Field(default=0, description="page commands issued so far (the command id sequence)")
