@@ -1,0 +1,263 @@
+"""The sandbox process: one aiohttp server for Chatwoot, System One and the control API.
+
+`Sandbox` holds the world, the fault plan, the webhook dispatcher and the logs; its methods are what the
+control API (and tests, in-process) use to act as customers and people. `run_sandbox` serves it on a port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiohttp import web
+
+from handlers.sandbox import chatwoot_api, control, scenario, views
+from handlers.sandbox.faults import Fault, FaultPlan
+from handlers.sandbox.model import INCOMING, OUTGOING, Contact, Conversation, Message
+from handlers.sandbox.systemone import answer
+from handlers.sandbox.webhooks import WebhookDispatcher
+from handlers.sandbox.world import ApiError, World
+
+SYSTEMONE_PATH = "/v1/systemone"
+
+
+class Sandbox:
+    """A simulated Chatwoot installation plus System One."""
+
+    def __init__(
+        self,
+        scenario_doc: dict[str, Any] | None = None,
+        *,
+        webhook_url: str | None = None,
+        retry_delay_s: float = 3.0,
+        webhook_timeout_s: float = 5.0,
+        activity_delay_s: float = 0.0,
+    ) -> None:
+        self.world = World(default_webhook_url=webhook_url, activity_delay_s=activity_delay_s)
+        self.faults = FaultPlan()
+        self.dispatcher = WebhookDispatcher(self.world, retry_delay_s=retry_delay_s, timeout_s=webhook_timeout_s)
+        self.world.on_event = self.dispatcher.enqueue
+        self.calls: list[dict[str, Any]] = []
+        self.systemone_calls: list[dict[str, Any]] = []
+        self.systemone_api_key: str | None = None
+        self.url = ""
+        if scenario_doc:
+            self.load(scenario_doc)
+
+    # --- setup ---------------------------------------------------------------------------------------------
+
+    def load(self, doc: dict[str, Any]) -> None:
+        """Replace the world's accounts, users, bots, inboxes and canned responses (conversations go too)."""
+        for table in (self.world.accounts, self.world.users, self.world.bots, self.world.inboxes):
+            table.clear()
+        self.world.canned.clear()
+        self.world.contacts.clear()
+        self.world.conversations.clear()
+        scenario.load(self.world, doc)
+        self.systemone_api_key = (doc.get("systemone") or {}).get("api_key")
+
+    @property
+    def chatwoot_url(self) -> str:
+        return self.url
+
+    @property
+    def systemone_url(self) -> str:
+        return self.url + SYSTEMONE_PATH
+
+    # --- acting as customers and people --------------------------------------------------------------------
+
+    def create_conversation(
+        self,
+        account_id: int,
+        inbox_id: int,
+        *,
+        contact_name: str | None = "Sandbox Customer",
+        contact_email: str | None = None,
+        blocked: bool = False,
+        assignee_id: int | None = None,
+        subject: str | None = None,
+    ) -> Conversation:
+        """A new conversation; like in Chatwoot no webhook fires until its first message."""
+        if account_id not in self.world.accounts:
+            raise ApiError(404, {"error": f"no account {account_id}"})
+        inbox = self.world.inboxes.get(inbox_id)
+        if inbox is None or inbox.account_id != account_id:
+            raise ApiError(404, {"error": f"no inbox {inbox_id} in account {account_id}"})
+        contact = Contact(self.world.next_id("contact"), account_id, contact_name, contact_email, blocked)
+        self.world.contacts[contact.id] = contact
+        attributes = {"mail_subject": subject} if subject else {}
+        return self.world.create_conversation(
+            account_id, inbox_id, contact, assignee_id=assignee_id, additional_attributes=attributes
+        )
+
+    def customer_message(
+        self,
+        account_id: int,
+        conversation_id: int,
+        content: str | None,
+        *,
+        email: dict[str, Any] | None = None,
+        content_attributes: dict[str, Any] | None = None,
+    ) -> Message:
+        """An incoming message from the contact; `email` = {subject, quoted_text, quoted_html, auto_reply}."""
+        conversation = self.world.conversation(account_id, conversation_id)
+        attributes = dict(content_attributes or {})
+        content_type = "text"
+        if email is not None:
+            content_type = "incoming_email"
+            attributes["email"] = {
+                "subject": email.get("subject"),
+                "auto_reply": bool(email.get("auto_reply", False)),
+                "text_content": {
+                    "full": content,
+                    "reply": content,
+                    "quoted": email.get("quoted_text", content),
+                },
+                "html_content": {"full": None, "reply": None, "quoted": email.get("quoted_html")},
+            }
+        return self.world.add_message(
+            conversation,
+            INCOMING,
+            content,
+            ("contact", conversation.contact_id),
+            content_type=content_type,
+            content_attributes=attributes,
+        )
+
+    def human_reply(
+        self, account_id: int, conversation_id: int, user_id: int, content: str, *, private: bool = False
+    ) -> Message:
+        conversation = self.world.conversation(account_id, conversation_id)
+        user = self._user(user_id)
+        return self.world.add_message(conversation, OUTGOING, content, ("user", user.id), private=private)
+
+    def human_status(self, account_id: int, conversation_id: int, user_id: int, status: str | None) -> dict[str, Any]:
+        """A person changes the status (§4.3 rule 4: opening clears the bot, agents self-assign)."""
+        conversation = self.world.conversation(account_id, conversation_id)
+        return self.world.toggle_status(conversation, self._user(user_id), status)
+
+    def human_assign(self, account_id: int, conversation_id: int, user_id: int, assignee_id: int | None) -> Any:
+        conversation = self.world.conversation(account_id, conversation_id)
+        return self.world.assign(conversation, self._user(user_id), {"assignee_id": assignee_id})
+
+    def delete_conversation(self, account_id: int, conversation_id: int) -> None:
+        self.world.delete_conversation(account_id, conversation_id)
+
+    def delete_message(self, account_id: int, conversation_id: int, message_id: int) -> Message:
+        return self.world.delete_message(self.world.conversation(account_id, conversation_id), message_id)
+
+    def add_fault(self, **rule: Any) -> Fault:
+        fault = Fault.parse(rule)
+        self.faults.add(fault)
+        return fault
+
+    async def settle(self, timeout_s: float = 30.0) -> None:
+        """Wait until every webhook queued so far has been delivered or has failed."""
+        await self.dispatcher.settle(timeout_s)
+
+    def _user(self, user_id: int) -> Any:
+        user = self.world.users.get(user_id)
+        if user is None:
+            raise ApiError(404, {"error": f"no user {user_id}"})
+        return user
+
+    # --- reading back --------------------------------------------------------------------------------------
+
+    def conversation_state(self, conversation: Conversation) -> dict[str, Any]:
+        return {
+            "account_id": conversation.account_id,
+            "id": conversation.id,
+            "inbox_id": conversation.inbox_id,
+            "status": conversation.status,
+            "assignee_id": conversation.assignee_id,
+            "bot_assignee_id": conversation.bot_assignee_id,
+            "labels": list(conversation.labels),
+            "contact": views.contact_push(self.world.contacts[conversation.contact_id]),
+            "waiting_since": conversation.waiting_since,
+            "messages": [views.message_rest(self.world, m) for m in self.world.sorted_messages(conversation)],
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything a test or the demo report wants to check, as JSON."""
+        return {
+            "conversations": [self.conversation_state(c) for c in self.world.conversations.values()],
+            "webhooks": [d.to_json() for d in self.dispatcher.deliveries],
+            "api_calls": list(self.calls),
+            "systemone_calls": list(self.systemone_calls),
+            "faults": [f.to_json() for f in self.faults.rules],
+            "clock_offset_s": self.world.clock_offset_s,
+        }
+
+
+async def _systemone(request: web.Request) -> web.StreamResponse:
+    """System One's decision endpoint (behavior.md §7.1) answered by the keyword classifier."""
+    sandbox = request.app[chatwoot_api.SANDBOX]
+    entry: dict[str, Any] = {"status": None, "body": None}
+    sandbox.systemone_calls.append(entry)
+    key = sandbox.systemone_api_key
+    if key is not None and request.headers.get("authorization") != f"Bearer {key}":
+        entry["status"] = 401
+        return web.json_response({"error": "unauthorized"}, status=401)
+    fault = sandbox.faults.take("systemone")
+    try:
+        body = json.loads(await request.read())
+    except ValueError:
+        body = None
+    entry["body"] = body
+    answers = answer(body)
+
+    async def apply() -> web.StreamResponse:
+        if answers is None:
+            return web.json_response({"error": "invalid request"}, status=400)
+        return web.json_response(answers)
+
+    response = await chatwoot_api.apply_faults(request, fault, apply)
+    entry["status"] = response.status
+    entry["answer"] = answers
+    return response
+
+
+def build_app(sandbox: Sandbox) -> web.Application:
+    app = web.Application()
+    app[chatwoot_api.SANDBOX] = sandbox
+    chatwoot_api.add_routes(app)
+    control.add_routes(app)
+    app.router.add_post(SYSTEMONE_PATH, _systemone)
+    return app
+
+
+@asynccontextmanager
+async def run_sandbox(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    scenario: dict[str, Any] | None = None,
+    webhook_url: str | None = None,
+    retry_delay_s: float = 3.0,
+    webhook_timeout_s: float = 5.0,
+    activity_delay_s: float = 0.0,
+) -> AsyncIterator[Sandbox]:
+    """Serve a sandbox on host:port (0 = any free port); `sandbox.url` is its base URL."""
+    sandbox = Sandbox(
+        scenario,
+        webhook_url=webhook_url,
+        retry_delay_s=retry_delay_s,
+        webhook_timeout_s=webhook_timeout_s,
+        activity_delay_s=activity_delay_s,
+    )
+    runner = web.AppRunner(build_app(sandbox), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    await sandbox.dispatcher.start()
+    bound = site._server.sockets[0].getsockname()  # type: ignore[union-attr]
+    sandbox.url = f"http://{host}:{bound[1]}"
+    try:
+        yield sandbox
+    finally:
+        await sandbox.dispatcher.close()
+        await runner.cleanup()
+        await asyncio.sleep(0)
