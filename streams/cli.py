@@ -16,6 +16,8 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "kafka": ("streams.kafka_local", "run a local single-node Apache Kafka (KRaft) for development and tests"),
     "config": ("streams.config_cmd", "validate configuration and secrets (`config check`)"),
+    "sandbox": ("streams.sandbox_cmd", "serve a simulated Chatwoot and System One (with fault injection)"),
+    "ingress": ("streams.ingress_cmd", "serve the Chatwoot agent-bot webhook door (writes to Kafka)"),
 }
 
 

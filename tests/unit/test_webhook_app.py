@@ -88,9 +88,7 @@ def message(account: int = 1, conversation: int = 42, **overrides: Any) -> bytes
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
-def signed(
-    body: bytes, secret: str = SECRETS[1], ts: str = NOW_S, delivery: str | None = "d-1"
-) -> dict[str, str]:
+def signed(body: bytes, secret: str = SECRETS[1], ts: str = NOW_S, delivery: str | None = "d-1") -> dict[str, str]:
     headers = {
         "Content-Type": "application/json",
         "X-Chatwoot-Timestamp": ts,
@@ -146,9 +144,7 @@ async def test_signed_incoming_message_is_written_then_acknowledged(door: Door) 
     body = message()
     assert await door.post(body, signed(body)) == (200, '{"ok":true}')
     assert door.writer.records == [
-        WebhookReceived(
-            at_ms=NOW_MS, account_id=1, conversation_id=42, event="message_created", delivery_id="d-1"
-        )
+        WebhookReceived(at_ms=NOW_MS, account_id=1, conversation_id=42, event="message_created", delivery_id="d-1")
     ]
 
 
@@ -277,9 +273,7 @@ async def test_oversize_with_failing_settings_is_still_413() -> None:
 # --- other endpoints ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("method", "path"), [("GET", WEBHOOK_PATH), ("PUT", WEBHOOK_PATH), ("POST", "/other")]
-)
+@pytest.mark.parametrize(("method", "path"), [("GET", WEBHOOK_PATH), ("PUT", WEBHOOK_PATH), ("POST", "/other")])
 async def test_other_paths_and_methods_are_404(door: Door, method: str, path: str) -> None:
     async with door.session.request(method, door.url(path)) as response:
         assert response.status == 404
@@ -309,9 +303,7 @@ async def test_metrics_count_outcomes_and_produce_latency(door: Door) -> None:
     assert "chatwoot_router_ingress_produce_seconds_count 1.0" in text
 
 
-async def test_logs_never_show_secrets_signatures_or_bodies(
-    door: Door, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_logs_never_show_secrets_signatures_or_bodies(door: Door, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     body = message()
     headers = signed(body)
@@ -348,8 +340,7 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "conversation": st.fixed_dictionaries({"id": st.sampled_from([42, 0, None])}) | json_values,
     "message_type": st.sampled_from(["incoming", "outgoing", 0, 1, None, True]),
     "private": st.sampled_from([True, False, None, 0]),
-    "sender": st.none()
-    | st.fixed_dictionaries({}, optional={"type": st.sampled_from(["contact", "user", None])}),
+    "sender": st.none() | st.fixed_dictionaries({}, optional={"type": st.sampled_from(["contact", "user", None])}),
     "updated_at": st.sampled_from([1.5, None, "x"]),
     "changed_attributes": json_values,
 }
@@ -360,9 +351,7 @@ VALID_BASES = [
     json.loads(message(account=2)),
     {"event": "conversation_status_changed", "account": {"id": 1}, "id": 7, "changed_attributes": None},
 ]
-near_valid = st.builds(
-    lambda base, change: {**base, **change}, st.sampled_from(VALID_BASES), st.just({}) | one_change
-)
+near_valid = st.builds(lambda base, change: {**base, **change}, st.sampled_from(VALID_BASES), st.just({}) | one_change)
 bodies = st.one_of(
     near_valid.map(lambda p: json.dumps(p).encode()),
     near_valid.map(lambda p: json.dumps(p).encode()),
@@ -406,3 +395,24 @@ async def test_fuzz_never_5xx_and_only_verified_relevant_events_are_written(
     assert oracle_signer(headers, body) == payload["account"]["id"] == record.account_id
     assert payload["event"] in ("message_created", "conversation_updated", "conversation_status_changed")
     assert record.delivery_id == (str(delivery) if delivery is not None else None)
+
+
+async def test_configuration_file_changes_are_picked_up_without_restart(tmp_path: Any) -> None:
+    config = tmp_path / "router.json"
+    config.write_text(json.dumps(CONFIG), encoding="utf-8")
+    env = {
+        "CHATWOOT_TOKEN": "u",
+        "CHATWOOT_AGENT_BOT_TOKENS": '{"1":"a","2":"b"}',
+        "CHATWOOT_AGENT_BOT_SECRETS": json.dumps({str(k): v for k, v in SECRETS.items()}),
+        "TYPESAFE_API_KEY": "k",
+    }
+    running, stop = await start_door(SettingsFile(str(config), environ=env))
+    try:
+        body = message()
+        assert await running.post(body, signed(body)) == (200, '{"ok":true}')
+        config.write_text('{"chatwoot": {}}', encoding="utf-8")
+        async with running.session.get(running.url("/healthz")) as response:
+            assert (response.status, await response.json()) == (503, {"ok": False, "kafka": True})
+        assert await running.post(body, signed(body)) == (500, "internal error")
+    finally:
+        await stop()

@@ -1,0 +1,240 @@
+"""Ingress benchmark (not run by CI): signed `message_created` webhooks vs a raw aiokafka producer.
+
+Starts `chatwoot-router ingress` as its own process against a real broker, then measures, in one run:
+
+1. open loop at a fixed rate (default 500/s): latency p50/p99 of webhooks (HTTP in, acks=all out) and of a
+   raw idempotent acks=all producer sending the same records at the same rate;
+2. closed loop with N concurrent senders: the highest sustained webhooks/s and raw records/s.
+
+The ratios (ingress/raw) are the figures worth tracking; absolute numbers depend on the machine.
+
+    .venv/bin/python bench/ingress_bench.py --bootstrap 127.0.0.1:9092 [--rate 500] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import ClientSession, TCPConnector
+from aiokafka import AIOKafkaProducer
+
+from projections.webhook import sign
+from schemas.records import WebhookReceived
+
+SECRET = "bench-secret"
+CONFIG = {
+    "chatwoot": {"baseUrl": "http://127.0.0.1:3000"},
+    "routing": {"botIds": {"1": 10}, "accounts": {"1": {"team": {"assignee": 1, "covers": "All."}}}},
+}
+
+
+def webhook(n: int) -> tuple[bytes, dict[str, str]]:
+    body = json.dumps(
+        {
+            "event": "message_created",
+            "account": {"id": 1},
+            "id": 100_000 + n,
+            "conversation": {"id": 1 + n % 5000},
+            "message_type": "incoming",
+            "private": False,
+            "content": "Hello, I have a question about my invoice.",
+            "sender": {"id": 7, "name": "Bench Customer"},
+        },
+        separators=(",", ":"),
+    ).encode()
+    ts = str(int(time.time()))
+    headers = {
+        "Content-Type": "application/json",
+        "X-Chatwoot-Timestamp": ts,
+        "X-Chatwoot-Signature": sign(SECRET, ts, body),
+        "X-Chatwoot-Delivery": str(uuid.uuid4()),
+    }
+    return body, headers
+
+
+def record(n: int) -> WebhookReceived:
+    return WebhookReceived(
+        at_ms=time.time_ns() // 1_000_000,
+        account_id=1,
+        conversation_id=1 + n % 5000,
+        event="message_created",
+        delivery_id=str(uuid.uuid4()),
+    )
+
+
+def percentiles(latencies: list[float]) -> dict[str, float]:
+    if len(latencies) < 2:
+        return {"p50_ms": float("nan"), "p99_ms": float("nan")}
+    cuts = statistics.quantiles(latencies, n=100, method="inclusive")
+    return {"p50_ms": round(cuts[49] * 1000, 2), "p99_ms": round(cuts[98] * 1000, 2)}
+
+
+class Tally:
+    """Latencies and errors of one kind of sender, accumulated over rounds."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.errors = 0
+        self.sent = 0
+        self.elapsed = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        per_s = round(self.sent / self.elapsed, 1) if self.elapsed else 0.0
+        return {"sent": self.sent, "errors": self.errors, "per_s": per_s, **percentiles(self.latencies)}
+
+
+async def open_loop(send: Callable[[int], Awaitable[bool]], rate: float, seconds: float, tally: Tally) -> None:
+    """Start one send every 1/rate s regardless of responses; latency counts from the scheduled start."""
+    total = int(rate * seconds)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def one(n: int, due: float) -> None:
+        if await send(n):
+            tally.latencies.append(loop.time() - due)
+        else:
+            tally.errors += 1
+
+    tasks = []
+    for n in range(total):
+        due = start + n / rate
+        delay = due - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)  # pacing of the load generator, not a wait for a result
+        tasks.append(asyncio.create_task(one(tally.sent + n, due)))
+    await asyncio.gather(*tasks)
+    tally.sent += total
+    tally.elapsed += loop.time() - start
+
+
+async def closed_loop(send: Callable[[int], Awaitable[bool]], workers: int, seconds: float) -> dict[str, Any]:
+    """`workers` senders back to back for `seconds`: the sustained throughput."""
+    loop = asyncio.get_running_loop()
+    stop_at = loop.time() + seconds
+    done = errors = 0
+    latencies: list[float] = []
+
+    async def worker(w: int) -> None:
+        nonlocal done, errors
+        n = w
+        while loop.time() < stop_at:
+            started = loop.time()
+            if await send(n):
+                done += 1
+                latencies.append(loop.time() - started)
+            else:
+                errors += 1
+            n += workers
+
+    started = loop.time()
+    await asyncio.gather(*(worker(w) for w in range(workers)))
+    elapsed = loop.time() - started
+    return {"done": done, "errors": errors, "per_s": round(done / elapsed, 1), **percentiles(latencies)}
+
+
+async def start_ingress(bootstrap: str, app_id: str, workdir: Path) -> tuple[asyncio.subprocess.Process, str]:
+    config = workdir / "router.json"
+    config.write_text(json.dumps(CONFIG), encoding="utf-8")
+    env = dict(os.environ)
+    env.update(
+        ROUTER_CONFIG=str(config),
+        KAFKA_BOOTSTRAP_SERVERS=bootstrap,
+        ROUTER_APP_ID=app_id,
+        CHATWOOT_TOKEN="t",
+        CHATWOOT_AGENT_BOT_TOKENS='{"1":"b"}',
+        CHATWOOT_AGENT_BOT_SECRETS=json.dumps({"1": SECRET}),
+        TYPESAFE_API_KEY="k",
+    )
+    log = (workdir / "ingress.log").open("wb")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "streams.cli",
+        "ingress",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=log,
+    )
+    assert process.stdout is not None
+    line = (await asyncio.wait_for(process.stdout.readline(), timeout=60)).decode().strip()
+    if not line.startswith("ready url="):
+        raise SystemExit(f"ingress did not start: {line!r}; see {workdir / 'ingress.log'}")
+    return process, line.removeprefix("ready url=")
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    app_id = f"bench-{uuid.uuid4().hex[:8]}"
+    topic = f"{app_id}.conversations"
+    workdir = Path(tempfile.mkdtemp(prefix="ingress-bench-"))
+    process, base = await start_ingress(args.bootstrap, app_id, workdir)
+    producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    session = ClientSession(connector=TCPConnector(limit=args.workers * 2))
+    try:
+        url = f"{base}/chatwoot/agent-bot"
+
+        async def send_webhook(n: int) -> bool:
+            body, headers = webhook(n)
+            async with session.post(url, data=body, headers=headers) as response:
+                await response.read()
+                return response.status == 200
+
+        async def send_raw(n: int) -> bool:
+            rec = record(n)
+            await producer.send_and_wait(topic, rec.model_dump_json().encode(), key=rec.key.encode())
+            return True
+
+        await closed_loop(send_webhook, 4, 1.0)  # warm up: connections, metadata, JIT of the broker
+        await closed_loop(send_raw, 4, 1.0)
+        # alternate short rounds so that background load on a shared machine hits both sides alike
+        webhooks_open, raw_open = Tally(), Tally()
+        for _ in range(args.rounds):
+            await open_loop(send_webhook, args.rate, args.seconds / args.rounds, webhooks_open)
+            await open_loop(send_raw, args.rate, args.seconds / args.rounds, raw_open)
+        results = {
+            "open_loop_rate": args.rate,
+            "seconds": args.seconds,
+            "rounds": args.rounds,
+            "webhooks_open": webhooks_open.summary(),
+            "raw_open": raw_open.summary(),
+            "workers": args.workers,
+            "webhooks_max": await closed_loop(send_webhook, args.workers, args.seconds),
+            "raw_max": await closed_loop(send_raw, args.workers, args.seconds),
+        }
+        results["ratio_max_throughput"] = round(results["webhooks_max"]["per_s"] / results["raw_max"]["per_s"], 3)
+        results["ratio_p99_open"] = round(results["webhooks_open"]["p99_ms"] / results["raw_open"]["p99_ms"], 2)
+        return results
+    finally:
+        await session.close()
+        await producer.stop()
+        process.terminate()
+        await process.wait()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092"))
+    parser.add_argument("--rate", type=float, default=500.0, help="open-loop webhooks per second")
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each measured phase")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating open-loop rounds per side")
+    parser.add_argument("--workers", type=int, default=32, help="concurrent senders in the closed loop")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main(parse_args())), indent=2))

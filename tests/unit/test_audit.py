@@ -1,0 +1,47 @@
+"""Audit trails replay the recorded log through the fold and report what the router did, without effects."""
+
+from __future__ import annotations
+
+from projections.audit import ConversationTrail, render_text
+from tests.unit.test_fold_driver import Driver, decision, incoming
+
+
+def _replay(driver: Driver) -> ConversationTrail:
+    trail = ConversationTrail(key="1:2")
+    for offset, event in driver.log:
+        trail.apply(event, offset, driver.config, retry_base_ms=driver.retry_base_ms)
+    return trail
+
+
+def test_trail_of_an_assigned_ticket_shows_input_decision_and_outcome() -> None:
+    driver = Driver()
+    driver.chatwoot.messages = [incoming(1, "I was charged twice for my invoice")]
+    driver.chatwoot.decision = decision("billing", 0.92, topic="invoices", topic_confidence=0.8)
+    driver.webhook()
+
+    trail = _replay(driver)
+
+    assert trail.state == driver.state  # the replay reproduces the live state exactly
+    assert [o.result for o in trail.outcomes] == ["assigned"]
+    assert trail.outcomes == driver.outcomes
+    assert trail.inputs == ["Contact email domain: example.org\nI was charged twice for my invoice"]
+    assert trail.decisions == [driver.chatwoot.decision]
+    assert trail.labels == ("invoices",)
+    text = render_text(trail)
+    assert "Jev decided" in text and "owner=billing (0.92)" in text
+    assert "assigned to user 7" in text
+
+
+def test_trail_counts_a_canned_reply_once_and_a_replay_is_idempotent() -> None:
+    driver = Driver()
+    driver.chatwoot.messages = [incoming(1, "Please refund my order")]
+    driver.chatwoot.decision = decision("billing", 0.9, kind="refund")
+    driver.webhook()
+
+    trail = _replay(driver)
+    assert trail.replies_sent == 1
+    # Applying the same log again (a redelivery) changes nothing.
+    for offset, event in driver.log:
+        assert trail.apply(event, offset, driver.config) == []
+    assert trail.replies_sent == 1
+    assert trail.state == driver.state
