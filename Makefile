@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint clean
 
 $(BIN)/chatwoot-router: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,9 +24,6 @@ test: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-
-bench: install
-	$(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

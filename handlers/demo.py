@@ -20,6 +20,7 @@ import yaml
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import TypeAdapter, ValidationError
 
+from handlers.log_reader import topic_partitions
 from projections.audit import ConversationTrail
 from schemas.config import RouterConfig
 from schemas.records import ConversationEvent, TurnOutcome
@@ -47,17 +48,14 @@ class LogWatcher:
         self.trails: dict[str, ConversationTrail] = {}
         self.positions: dict[int, int] = {}
         self.undecodable = 0
+        self._bootstrap = bootstrap
         self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
         self._task: asyncio.Task[None] | None = None
         self._partitions: list[TopicPartition] = []
 
     async def start(self) -> None:
+        self._partitions = await topic_partitions(self._bootstrap, self.topic)
         await self._consumer.start()
-        await self._consumer.topics()  # refreshes the cluster metadata
-        partitions = self._consumer.partitions_for_topic(self.topic) or set()
-        if not partitions:
-            raise RuntimeError(f"topic {self.topic} does not exist")
-        self._partitions = [TopicPartition(self.topic, p) for p in sorted(partitions)]
         self._consumer.assign(self._partitions)
         await self._consumer.seek_to_beginning(*self._partitions)
         self._task = asyncio.create_task(self._run())

@@ -10,8 +10,23 @@ import time
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 Progress = Callable[[int, float], None]
+
+
+async def topic_partitions(bootstrap: str, topic: str) -> list[TopicPartition]:
+    """The topic's partitions, from the brokers' metadata; LookupError when the topic does not exist."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    partitions = [p["partition"] for d in described if d["error_code"] == 0 for p in d["partitions"]]
+    if not partitions:
+        raise LookupError(f"topic {topic} does not exist")
+    return [TopicPartition(topic, p) for p in sorted(partitions)]
 
 
 async def read_topic(
@@ -23,14 +38,10 @@ async def read_topic(
     progress_every: int = 10_000,
 ) -> int:
     """Feed every record of `topic` (as of now) to `on_record`, partition by partition in offset order."""
+    assigned = await topic_partitions(bootstrap, topic)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        await consumer.topics()  # refresh metadata
-        partitions = consumer.partitions_for_topic(topic)
-        if not partitions:
-            raise LookupError(f"topic {topic} does not exist")
-        assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
         consumer.assign(assigned)
         await consumer.seek_to_beginning(*assigned)
         ends = await consumer.end_offsets(assigned)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import html
+import json
 import os
 import sys
 from pathlib import Path
@@ -90,7 +92,7 @@ async def read_live_states(bootstrap: str, app_id: str) -> dict[str, Conversatio
     states: dict[str, ConversationState] = {}
 
     def apply(record: ConsumerRecord[bytes, bytes]) -> None:
-        key = (record.key or b"").decode()
+        key = _table_key(record.key)
         if record.value is None:
             states.pop(key, None)
         else:
@@ -98,6 +100,17 @@ async def read_live_states(bootstrap: str, app_id: str) -> dict[str, Conversatio
 
     await read_topic(bootstrap, f"{app_id}-{STATE_TABLE}-changelog", apply)
     return states
+
+
+def _table_key(raw: bytes | None) -> str:
+    """Faust writes table keys to the changelog as JSON strings; accept raw keys too."""
+    text = (raw or b"").decode()
+    if text.startswith('"'):
+        with contextlib.suppress(ValueError):
+            decoded = json.loads(text)
+            if isinstance(decoded, str):
+                return decoded
+    return text
 
 
 def diff_states(replayed: dict[str, ConversationState], live: dict[str, ConversationState]) -> list[str]:

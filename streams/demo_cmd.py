@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -25,9 +26,17 @@ from typing import Any
 import httpx
 import yaml
 
-from handlers.demo import DemoPlayer, LogWatcher, check_expectation, conversation_report, load_bundled
+from handlers.demo import (
+    DemoPlayer,
+    LogWatcher,
+    check_expectation,
+    conversation_report,
+    load_bundled,
+    main_outcome,
+)
 from handlers.demo_report import render
 from handlers.processes import ChildFailed, Supervisor
+from projections.audit import describe_outcome
 from schemas.config import ConfigError, parse_config
 from streams.kafka_local import KafkaLaunchError, broker_answers, ensure_jars
 
@@ -145,8 +154,17 @@ def _start_everything(args: argparse.Namespace, work: Path, supervisor: Supervis
     _say("starting the sandbox (simulated Chatwoot and System One) …")
     sandbox = supervisor.start(
         "sandbox",
-        ["sandbox", "--port", str(args.sandbox_port), "--scenario", str(scenario_path),
-         "--webhook-url", f"{ingress_url}/chatwoot/agent-bot", "--retry-delay", "1"],
+        [
+            "sandbox",
+            "--port",
+            str(args.sandbox_port),
+            "--scenario",
+            str(scenario_path),
+            "--webhook-url",
+            f"{ingress_url}/chatwoot/agent-bot",
+            "--retry-delay",
+            "1",
+        ],
     )
     sandbox.wait_for_line(r"ready url=", 30)
     _say("starting the ingress …")
@@ -176,9 +194,7 @@ async def _play(args: argparse.Namespace, started: dict[str, Any], supervisor: S
         if unknown:
             raise DemoError(f"no such demo conversation: {', '.join(sorted(unknown))}")
         scripts = [s for s in scripts if s["id"] in args.only]
-    watcher = LogWatcher(
-        started["bootstrap"], f"{started['app_id']}.conversations", started["config"], RETRY_BASE_MS
-    )
+    watcher = LogWatcher(started["bootstrap"], f"{started['app_id']}.conversations", started["config"], RETRY_BASE_MS)
     await watcher.start()
     player = DemoPlayer(started["sandbox_url"], watcher)
     try:
@@ -186,8 +202,8 @@ async def _play(args: argparse.Namespace, started: dict[str, Any], supervisor: S
 
         async def one(script: dict[str, Any]) -> Any:
             played = await player.play(script)
-            trail = watcher.trail(played.key)
-            outcome = trail.outcomes[-1].result if trail.outcomes else "no outcome"
+            main = main_outcome(watcher.trail(played.key).outcomes)
+            outcome = describe_outcome(main) if main else "no outcome"
             mark = "✗" if played.error else "✓"
             _say(f"  {mark} {script.get('title', script['id'])}: {outcome} ({played.finished - played.started:.1f} s)")
             return played
@@ -219,6 +235,11 @@ def run(args: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     supervisor = Supervisor(log_dir=work)
     began = time.monotonic()
+
+    def terminated(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # stop the children exactly as Ctrl-C does
+
+    signal.signal(signal.SIGTERM, terminated)
     try:
         started = _start_everything(args, work, supervisor)
         rows = asyncio.run(_play(args, started, supervisor))
@@ -239,4 +260,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"chatwoot-router demo: the sandbox did not answer as expected: {exc}", file=sys.stderr)
         return 2
     finally:
+        # A second Ctrl-C must not interrupt the shutdown and leave children running.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         supervisor.stop_all(on_stop=lambda name: _say(f"stopping {name}"))

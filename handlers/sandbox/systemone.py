@@ -67,7 +67,12 @@ _FILLER = _word_set("i a an the is are am me my name this it im its we our there
 
 
 def _request(ticket: str) -> dict[str, Any]:
-    """`none` when the ticket holds nothing but greetings and filler ("hi", "hello, anyone there?")."""
+    """`none` when the ticket holds nothing but greetings and filler ("hi", "hello, anyone there?").
+
+    The router's e-mail-domain prefix line says who wrote, not what they want, so it is not read here.
+    """
+    if ticket.startswith("Contact email domain:"):
+        ticket = ticket.partition("\n")[2]
     asks = bool(set(_WORD.findall(ticket.lower())) - _GREETING - _FILLER)
     choice, confidence = ("request", 0.92) if asks else ("none", 0.95)
     other = "none" if choice == "request" else "request"

@@ -45,3 +45,19 @@ def test_trail_counts_a_canned_reply_once_and_a_replay_is_idempotent() -> None:
         assert trail.apply(event, offset, driver.config) == []
     assert trail.replies_sent == 1
     assert trail.state == driver.state
+
+
+def test_verify_reports_every_key_whose_replayed_state_differs_from_the_live_table() -> None:
+    from schemas.state import ConversationState, ReplyLedger
+    from streams.audit_cmd import _table_key, diff_states
+
+    same = ConversationState(offset=3)
+    replayed = {"1:1": same, "1:2": ConversationState(offset=5), "1:3": same}
+    live = {"1:1": same, "1:2": ConversationState(offset=5, ledger=ReplyLedger(value="attempted")), "1:4": same}
+    assert diff_states(replayed, live) == [
+        "1:2: differs in ledger",
+        "1:3: missing from the live table",
+        "1:4: only in the live table",
+    ]
+    assert diff_states(replayed, dict(replayed)) == []
+    assert _table_key(b'"1:2"') == "1:2" and _table_key(b"1:2") == "1:2"

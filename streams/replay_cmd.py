@@ -1,0 +1,84 @@
+"""`chatwoot-router replay dlq`: re-publish dead-lettered records to their source topic once their cause is fixed.
+
+Each record on `<app>.dlq` carries its original key and value and the headers the worker wrote (error, source
+topic/partition/offset, attempts). Re-publishing sends the original bytes back to the source topic with the same
+key, so the conversation's single writer folds them in order with everything else; the fold's idempotence makes
+a record that had in fact been applied a no-op. Progress is committed under the consumer group
+`<app>.dlq-replay`, so running the command twice never re-publishes a record twice. `--dry-run` only lists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from handlers.log_reader import topic_partitions
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("what", choices=["dlq"], help="what to replay")
+    parser.add_argument("--dry-run", action="store_true", help="list what would be re-published, change nothing")
+
+
+def _header(headers: tuple[tuple[str, bytes], ...] | list[tuple[str, bytes]], name: str) -> str | None:
+    for key, value in headers:
+        if key == name:
+            return value.decode(errors="replace")
+    return None
+
+
+async def replay_dlq(bootstrap: str, app_id: str, *, dry_run: bool) -> tuple[int, int]:
+    """Re-publish every not-yet-replayed DLQ record; returns (re-published, skipped without a source)."""
+    dlq = f"{app_id}.dlq"
+    partitions = await topic_partitions(bootstrap, dlq)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=f"{app_id}.dlq-replay",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await consumer.start()
+    await producer.start()
+    published = skipped = 0
+    try:
+        consumer.assign(partitions)
+        ends = await consumer.end_offsets(partitions)
+        for tp in partitions:
+            while await consumer.position(tp) < ends[tp]:
+                batch = await consumer.getmany(tp, timeout_ms=1000)
+                for record in batch.get(tp, []):
+                    if record.offset >= ends[tp]:
+                        break
+                    source = _header(record.headers, "source_topic")
+                    error = _header(record.headers, "error") or "?"
+                    print(f"{dlq}[{tp.partition}]@{record.offset} → {source or 'no source'}: {error}")
+                    if source is None or not source.startswith(f"{app_id}."):
+                        skipped += 1
+                        continue
+                    if not dry_run:
+                        await producer.send_and_wait(source, value=record.value, key=record.key)
+                    published += 1
+                if not dry_run:
+                    await consumer.commit()
+    finally:
+        await producer.stop()
+        await consumer.stop()
+    return published, skipped
+
+
+def run(args: argparse.Namespace) -> int:
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")
+    app_id = os.environ.get("ROUTER_APP_ID", "chatwoot-router")
+    try:
+        published, skipped = asyncio.run(replay_dlq(bootstrap, app_id, dry_run=args.dry_run))
+    except LookupError as exc:
+        print(f"chatwoot-router replay: {exc}", file=sys.stderr)
+        return 1
+    verb = "would re-publish" if args.dry_run else "re-published"
+    print(f"{verb} {published} record(s); {skipped} without a source topic of this app left alone")
+    return 0
