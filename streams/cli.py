@@ -17,7 +17,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "kafka": ("streams.kafka_local", "run a local single-node Apache Kafka (KRaft) for development and tests"),
     "config": ("streams.config_cmd", "validate configuration and secrets (`config check`)"),
     "sandbox": ("streams.sandbox_cmd", "serve a simulated Chatwoot and System One (with fault injection)"),
+    "demo": ("streams.demo_cmd", "run the whole router on this machine with sample conversations, then report"),
     "ingress": ("streams.ingress_cmd", "serve the Chatwoot agent-bot webhook door (writes to Kafka)"),
+    "worker": ("streams.worker_cmd", "run the Faust worker: routing folds, effects, sweeps, durable timers"),
+    "audit": ("streams.audit_cmd", "replay the event log: a conversation's timeline, or --verify the live tables"),
+    "replay": ("streams.replay_cmd", "re-publish dead-lettered records to their source topic (`replay dlq`)"),
+    "sweep": ("streams.sweep_cmd", "request a sweep pass now (durable in Kafka before exit 0)"),
 }
 
 

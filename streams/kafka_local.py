@@ -62,9 +62,18 @@ def ensure_jars(version: str = KAFKA_VERSION, *, quiet: bool = False) -> Path:
         if not quiet:
             print(f"resolving Apache Kafka {version} from Maven Central (first start only)…", file=sys.stderr)
         result = subprocess.run(
-            [mvn, "-q", "-B", "dependency:copy-dependencies", "-DincludeScope=runtime",
-             f"-DoutputDirectory={staging / 'lib'}"],
-            cwd=staging, capture_output=True, text=True, check=False,
+            [
+                mvn,
+                "-q",
+                "-B",
+                "dependency:copy-dependencies",
+                "-DincludeScope=runtime",
+                f"-DoutputDirectory={staging / 'lib'}",
+            ],
+            cwd=staging,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
             tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
@@ -197,9 +206,10 @@ def _java_command(lib: Path, config_dir: Path, log_file: Path) -> list[str]:
 
 def _format_storage(base: list[str], properties: Path, cluster_id: str, log_file: Path) -> None:
     result = subprocess.run(
-        [*base, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties),
-         "--ignore-formatted"],
-        capture_output=True, text=True, check=False,
+        [*base, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties), "--ignore-formatted"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-10:])
@@ -270,8 +280,7 @@ def start_broker(
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise KafkaLaunchError(
-                f"the broker exited with status {process.returncode}; see {log_file} and "
-                f"{data_dir / 'broker.stderr'}"
+                f"the broker exited with status {process.returncode}; see {log_file} and {data_dir / 'broker.stderr'}"
             )
         if _accepts_connections(port) and broker_answers(broker.bootstrap, timeout=2.0):
             return broker

@@ -1,0 +1,83 @@
+"""Prometheus metrics of the worker (DESIGN §3 `GET /metrics`, behavior.md §11), in a registry of their own.
+
+Labels are closed sets (event types, ops, error classes, turn results, handoff reasons, topics), never ids,
+so cardinality stays bounded however many conversations pass through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from schemas.records import EffectOutcome, TurnOutcome
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+def outcome_class(outcome: EffectOutcome) -> str:
+    """The outcome's class for metrics: ok, or the error kind (missing, failed, timeout, unconfirmed)."""
+    return "ok" if outcome.error is None else outcome.error.kind
+
+
+class WorkerMetrics:
+    """Counters, histograms and gauges of one worker process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.events_folded = Counter(
+            "router_events_folded_total", "events applied by the folds", ["topic", "type"], registry=r
+        )
+        self.commands = Counter("router_effect_commands_total", "effect commands emitted", ["op"], registry=r)
+        self.outcomes = Counter(
+            "router_effect_outcomes_total", "effect outcomes by op and class", ["op", "class"], registry=r
+        )
+        self.effect_seconds = Histogram(
+            "router_effect_seconds",
+            "time to execute one effect command",
+            ["op"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.handle_seconds = Histogram(
+            "router_record_seconds",
+            "time an agent spends on one record (decode, fold, writes, sends)",
+            ["agent"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.turns = Counter("router_turn_outcomes_total", "route runs ended, by result", ["result"], registry=r)
+        self.handoffs = Counter("router_handoffs_total", "handoffs by reason", ["reason"], registry=r)
+        self.replies_sent = Counter("router_replies_sent_total", "canned replies created in Chatwoot", registry=r)
+        self.dlq = Counter("router_dlq_records_total", "records sent to the DLQ", ["topic"], registry=r)
+        self.timers_fired = Counter("router_timers_fired_total", "TimerFired events emitted", ["topic"], registry=r)
+        self.timers_pending = Gauge("router_timers_pending", "keys with a durable timer on this worker", registry=r)
+        self.agent_errors = Counter(
+            "router_agent_errors_total", "unexpected errors caught in agents", ["agent"], registry=r
+        )
+        self.sweeps_requested = Counter(
+            "router_sweeps_requested_total", "sweep requests written by the leader", registry=r
+        )
+        self.consumer_lag = Gauge(
+            "router_consumer_lag", "records not yet consumed, summed over owned partitions", ["topic"], registry=r
+        )
+
+    def count_outcome(self, outcome: EffectOutcome, seconds: float) -> None:
+        self.outcomes.labels(outcome.op, outcome_class(outcome)).inc()
+        self.effect_seconds.labels(outcome.op).observe(seconds)
+        if outcome.op == "create_message" and outcome.error is None:
+            self.replies_sent.inc()
+
+    def count_turn(self, outcome: TurnOutcome) -> None:
+        self.turns.labels(outcome.result).inc()
+        if outcome.result == "handed_off":
+            self.handoffs.labels(outcome.reason or "unspecified").inc()
+
+    def set_lag(self, lag_by_topic: Callable[[], dict[str, int]]) -> None:
+        """Refresh the lag gauges from a callable (called at scrape time by the /metrics view)."""
+        for topic, lag in lag_by_topic().items():
+            self.consumer_lag.labels(topic).set(lag)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,465 @@
+"""The worker's Faust app: topics, tables, agents, the timer tick, the leader's sweep task and web views.
+
+Topics (`<app>.` prefix, raw bytes, decoded by `streams.worker.codec`): `conversations` (the event log),
+`effects` (commands), `sweeps` (sweep requests, page outcomes, sweep timers), `dlq`. All are created with
+ROUTER_PARTITIONS partitions, so the conversation-keyed topics and `sweeps` are co-partitioned and partition
+*p* of each, and of every table, is owned by one worker.
+
+Tables (RocksDB, changelog-backed). DESIGN §5 names six tables; the folds' state lives in three here, because
+the fold keeps a conversation's parts in one value so that they change atomically with the offset they last
+applied (a crash between two tables' writes would otherwise leave them disagreeing); a fourth guards replies:
+
+- `conversation_state` (key "acct:conv" -> `ConversationState`): `guard` is §5's `turn_guard`, `ledger` the
+  `reply_ledger`, `memos` the `memo` entries, `job` + `run` the `jobs` entry (route job and the run in
+  progress: phase, pending command, deadline, requests used); `offset` makes redelivery a no-op.
+- `sweep_state` (key "acct:status" -> `SweepState`): §5's `sweep_cursor` plus the sweep job and its page.
+- `timers` (key -> {"due": ms, "p": partition}): the due-time index of §7, written by the agent that folds
+  the key's topic; `projections.timer_index.TimerIndex` mirrors the owned partitions in memory.
+- `reply_attempts` (key "acct:conv" -> command id): written by the effect agent, and flushed to Kafka, before
+  a `create_message` is handed to the executor. The effect agent is at-least-once too: after a crash it may
+  consume the same command again, and then reports it `unconfirmed` instead of posting twice.
+
+Agents: `router` (conversations, concurrency 1) folds events and emits commands; `effects` hands each
+command to `handlers.lanes.Lanes` (one lane per conversation, capped per account and globally) and acks as it
+dispatches, each outcome going back to its key's topic; `sweeper` (sweeps, concurrency 1) folds sweeps. A
+record that cannot be decoded or folded goes to `dlq` with headers and never stalls its partition.
+
+Failure points: a crash after a state write and before its commands are sent loses those commands; the
+fold's deadline timer re-issues reads and idempotent mutations, and a `create_message` is never re-issued
+(the state, with its ledger entry, is flushed to Kafka before that command is sent). A command consumed again
+after a crash of the effect agent is executed again (harmless for reads and idempotent mutations), except a
+`create_message` already attempted (`reply_attempts`), which comes back `unconfirmed`. A crash after commands
+and before the offset commit redelivers the event; the state's offset turns it into a no-op that still
+re-writes the timer. A `TimerFired` lost in a crash is emitted again after restart, because the `timers`
+table still holds the due time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+import faust
+from faust.web import Request, Response, View
+
+from handlers.effects import EffectExecutor
+from handlers.lanes import Lanes
+from handlers.worker_metrics import WorkerMetrics
+from projections.fold import fold
+from projections.sweep import fold_sweep
+from projections.timer_index import TimerIndex
+from schemas.config import Settings
+from schemas.records import (
+    EffectCommand,
+    EffectError,
+    EffectOutcome,
+    Record,
+    SweepRequested,
+    TimerFired,
+    TurnOutcome,
+)
+from schemas.state import ConversationState, SweepState
+from streams.worker import fetch_latency
+from streams.worker.codec import (
+    Undecodable,
+    check_key,
+    decode_command,
+    decode_conversation_event,
+    decode_sweep_event,
+    dlq_headers,
+    encode,
+)
+from streams.worker.env import WorkerEnv
+
+log = logging.getLogger("chatwoot_router.worker")
+
+TICK_S = 1.0
+SHUTDOWN_DRAIN_S = 5.0
+SESSION_TIMEOUT_S = 15.0
+SWEEP_STATUSES = ("pending", "open")
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def is_conversation_key(key: str) -> bool:
+    """Whether `key` names a conversation ("acct:conv", both numbers) rather than a sweep ("acct:open")."""
+    account, _, rest = key.partition(":")
+    return account.isdigit() and rest.isdigit()
+
+
+class WorkerApp:
+    """One worker process's Faust app and what its agents share (executor, lanes, metrics, timer index)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        env: WorkerEnv,
+        *,
+        web_host: str = "127.0.0.1",
+        web_port: int = 6066,
+        replication_factor: int = 1,
+        executor: Any = None,
+        lanes: Lanes | None = None,
+        metrics: WorkerMetrics | None = None,
+        now_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.settings = settings
+        self.config = settings.config
+        self.env = env
+        self.now_ms = now_ms
+        self.metrics = metrics or WorkerMetrics()
+        self.executor = executor if executor is not None else EffectExecutor(settings)
+        self.lanes = lanes or Lanes()
+        self.index = TimerIndex()
+        fetch_latency.install()
+        self._index_generation: int | None = None
+        self._index_partitions: frozenset[int] = frozenset()
+        partitions = env.partitions
+        self.app = faust.App(
+            env.app_id,
+            broker=[f"kafka://{host.strip()}" for host in env.bootstrap.split(",") if host.strip()],
+            store="rocksdb://",
+            datadir=str(env.data_dir),
+            processing_guarantee="at_least_once",
+            topic_partitions=partitions,
+            topic_replication_factor=replication_factor,
+            consumer_auto_offset_reset="earliest",
+            web_host=web_host,
+            web_bind=web_host,
+            web_port=web_port,
+            web_in_thread=False,
+            autodiscover=False,
+            producer_acks=-1,
+            # a worker killed without leaving the group holds its partitions until its session times out
+            broker_session_timeout=SESSION_TIMEOUT_S,
+        )
+        raw: dict[str, Any] = {
+            "key_type": bytes,
+            "value_type": bytes,
+            "key_serializer": "raw",
+            "value_serializer": "raw",
+            "partitions": partitions,
+        }
+        self.conversations = self.app.topic(env.topic("conversations"), **raw)
+        self.effects = self.app.topic(env.topic("effects"), **raw)
+        self.sweeps = self.app.topic(env.topic("sweeps"), **raw)
+        self.dlq = self.app.topic(env.topic("dlq"), **raw)
+        table: dict[str, Any] = {
+            "partitions": partitions,
+            "schema": faust.Schema(key_serializer="raw", value_serializer="json"),
+        }
+        self.states = self.app.Table("conversation_state", **table)
+        self.sweep_states = self.app.Table("sweep_state", **table)
+        self.timers = self.app.Table("timers", **table)
+        self.reply_attempts = self.app.Table("reply_attempts", **table)
+        self._wire()
+
+    # --- wiring ------------------------------------------------------------------------------------------
+
+    def _wire(self) -> None:
+        app = self.app
+
+        @app.agent(self.conversations, name="router", concurrency=1)
+        async def router(stream: Any) -> None:
+            async for event in stream.events():
+                await self._guarded("router", event, self.handle_conversation_event)
+
+        @app.agent(self.effects, name="effects", concurrency=1)
+        async def effects(stream: Any) -> None:
+            async for event in stream.events():
+                await self._guarded("effects", event, self.dispatch_command)
+
+        @app.agent(self.sweeps, name="sweeper", concurrency=1)
+        async def sweeper(stream: Any) -> None:
+            async for event in stream.events():
+                await self._guarded("sweeper", event, self.handle_sweep_event)
+
+        @app.timer(TICK_S, name="timer_tick")
+        async def timer_tick() -> None:
+            await self.fire_due_timers()
+
+        @app.task
+        async def leader_sweeps() -> None:
+            await self.run_leader_sweeps()
+
+        worker = self
+
+        @app.page("/healthz")
+        class Healthz(View):
+            async def get(self, request: Request) -> Response:
+                ok = worker.ready()
+                return self.json({"ok": ok}, status=200 if ok else 503)
+
+        @app.page("/metrics")
+        class Metrics(View):
+            async def get(self, request: Request) -> Response:
+                worker.metrics.timers_pending.set(worker.index.pending())
+                worker.metrics.set_lag(worker.consumer_lag)
+                return self.bytes(worker.metrics.render(), content_type="text/plain; version=0.0.4")
+
+        app.on_before_shutdown.connect(cast(Any, self._on_shutdown))
+
+    async def _on_shutdown(self, sender: Any, *args: Any, signal: Any = None, **kwargs: Any) -> None:
+        """Let running effects finish briefly (their outcomes still reach Kafka), then stop the rest."""
+        try:
+            await asyncio.wait_for(self.lanes.drain(), SHUTDOWN_DRAIN_S)
+        except TimeoutError:
+            log.warning("effects still running at shutdown", extra={"pending": self.lanes.pending})
+        await self.lanes.close()
+        await self.executor.aclose()
+
+    # --- health ------------------------------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """Joined the group and recovered the tables (DESIGN §3 /healthz)."""
+        app = self.app
+        try:
+            recovered = self._recovery.completed.is_set()
+        except Exception:
+            return False
+        return bool(recovered and not app.rebalancing)
+
+    @property
+    def _recovery(self) -> Any:
+        return cast(Any, self.app.tables).recovery
+
+    def owned_partitions(self) -> frozenset[int]:
+        """Partitions of `conversations` (and so of `sweeps` and the tables) this worker actively owns."""
+        name = self.conversations.get_topic_name()
+        return frozenset(tp.partition for tp in self.app.assignor.assigned_actives() if tp.topic == name)
+
+    def consumer_lag(self) -> dict[str, int]:
+        """Highwater minus next offset to read, summed per topic over assigned partitions (best effort)."""
+        lag: dict[str, int] = {}
+        try:
+            consumer = self.app.consumer
+            read = getattr(consumer, "_read_offset", {})
+            sources = {t.get_topic_name() for t in (self.conversations, self.effects, self.sweeps)}
+            for tp in consumer.assignment():
+                if tp.topic not in sources:
+                    continue
+                highwater = consumer.highwater(tp)
+                if highwater is None:
+                    continue
+                last = read.get(tp)
+                behind = highwater - (last + 1 if last is not None else 0)
+                lag[tp.topic] = lag.get(tp.topic, 0) + max(0, behind)
+        except Exception:  # metrics must never break a scrape
+            return lag
+        return lag
+
+    # --- agents ------------------------------------------------------------------------------------------
+
+    async def _guarded(self, agent: str, event: Any, handler: Callable[[Any], Any]) -> None:
+        """Run one record's handler; anything that escapes sends the record to the DLQ (never stalls)."""
+        message = event.message
+        started = time.monotonic()
+        try:
+            await handler(event)
+            self.metrics.handle_seconds.labels(agent).observe(time.monotonic() - started)
+        except Undecodable as exc:
+            await self.to_dlq(event, str(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.metrics.agent_errors.labels(agent).inc()
+            log.error(
+                "record could not be processed",
+                extra={
+                    "agent": agent,
+                    "topic": message.topic,
+                    "partition": message.partition,
+                    "offset": message.offset,
+                    "error_type": type(exc).__name__,
+                },
+            )
+            await self.to_dlq(event, f"{type(exc).__name__}: processing failed")
+
+    async def to_dlq(self, event: Any, error: str) -> None:
+        message = event.message
+        self.metrics.dlq.labels(message.topic).inc()
+        log.warning(
+            "record sent to the DLQ",
+            extra={"topic": message.topic, "partition": message.partition, "offset": message.offset, "reason": error},
+        )
+        await self.dlq.send(
+            key=event.key,
+            value=event.value if event.value is not None else b"",
+            headers=dlq_headers(error, message.topic, message.partition, message.offset),
+        )
+
+    async def handle_conversation_event(self, event: Any) -> None:
+        record = decode_conversation_event(event.value)
+        check_key(event.key, record.key)
+        key, partition, offset = record.key, event.message.partition, event.message.offset
+        stored = self.states.get(key)
+        state = ConversationState.model_validate(stored) if stored is not None else ConversationState()
+        result = fold(state, record, offset, self.config, retry_base_ms=self.env.retry_base_ms)
+        if result.state is not state:
+            self.states[key] = result.state.model_dump(mode="json")
+            self.metrics.events_folded.labels("conversations", record.type).inc()
+        if any(command.op == "create_message" for command in result.commands):
+            await self.app.producer.flush()  # the ledger entry is durable before the reply may be sent
+        await self._send_commands(result.commands)
+        self.set_timer(partition, key, result.wakeup_ms)
+        for outcome in result.outcomes:
+            self.report_turn(outcome)
+
+    async def handle_sweep_event(self, event: Any) -> None:
+        record = decode_sweep_event(event.value)
+        check_key(event.key, record.key)
+        key, partition, offset = record.key, event.message.partition, event.message.offset
+        stored = self.sweep_states.get(key)
+        state = SweepState.model_validate(stored) if stored is not None else SweepState()
+        result = fold_sweep(state, record, offset, self.config, retry_base_ms=self.env.retry_base_ms)
+        if result.state is not state:
+            self.sweep_states[key] = result.state.model_dump(mode="json")
+            self.metrics.events_folded.labels("sweeps", record.type).inc()
+        await self._send_commands(result.commands)
+        for found in result.found:
+            await self._send(self.conversations, found.key, found)
+        self.set_timer(partition, key, result.wakeup_ms)
+
+    async def dispatch_command(self, event: Any) -> None:
+        command = decode_command(event.value)
+        check_key(event.key, command.key)
+        if command.op == "create_message":
+            if self.reply_attempts.get(command.key) == command.command_id:
+                # redelivered after a crash: the POST may have happened, so it is never made twice (§9.7)
+                await self.lanes.submit(command.key, command.account_id, lambda: self.report_unconfirmed(command))
+                return
+            self.reply_attempts[command.key] = command.command_id
+            await self.app.producer.flush()  # the attempt is durable before the POST can happen
+        await self.lanes.submit(command.key, command.account_id, lambda: self.execute(command))
+
+    async def report_unconfirmed(self, command: EffectCommand) -> None:
+        """The outcome of a reply whose earlier attempt's result is unknown: the fold checks history or hands off."""
+        log.warning("reply attempt redelivered; not sent again", extra={"key": command.key})
+        error = EffectError(kind="unconfirmed", reason="redelivered after a restart; not sent again")
+        outcome = EffectOutcome(
+            key=command.key,
+            account_id=command.account_id,
+            command_id=command.command_id,
+            op=command.op,
+            error=error,
+            at_ms=self.now_ms(),
+        )
+        self.metrics.count_outcome(outcome, 0.0)
+        await self._send(self.conversations, command.key, outcome)
+
+    async def execute(self, command: EffectCommand) -> None:
+        """Run one command in its lane and record its outcome as an event on the command's key."""
+        started = time.monotonic()
+        outcome: EffectOutcome = await self.executor.execute(command)
+        self.metrics.count_outcome(outcome, time.monotonic() - started)
+        topic = self.sweeps if command.op == "list_conversations" else self.conversations
+        await self._send(topic, command.key, outcome)
+
+    async def _send_commands(self, commands: list[EffectCommand]) -> None:
+        for command in commands:
+            await self._send(self.effects, command.key, command)
+            self.metrics.commands.labels(command.op).inc()
+
+    async def _send(self, topic: Any, key: str, record: Record) -> None:
+        await topic.send(key=key.encode(), value=encode(record))
+
+    # --- timers ------------------------------------------------------------------------------------------
+
+    def set_timer(self, partition: int, key: str, due_ms: int | None) -> None:
+        """Record the key's next due time in the table (inside an agent) and in the in-memory index."""
+        stored = self.timers.get(key)
+        current = stored["due"] if stored is not None else None
+        if due_ms != current:
+            if due_ms is None:
+                del self.timers[key]
+            else:
+                self.timers[key] = {"due": due_ms, "p": partition}
+        self.index.set(partition, key, due_ms)
+
+    def _refresh_index(self) -> frozenset[int]:
+        """Rebuild the index from the table after each rebalance (partitions moved, state recovered)."""
+        generation = self.app.consumer_generation_id
+        owned = self.owned_partitions()
+        if generation != self._index_generation or owned != self._index_partitions:
+            entries = []
+            for raw_key, value in self.timers.items():
+                key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
+                if isinstance(value, dict) and value.get("p") in owned:
+                    entries.append((int(value["p"]), key, int(value["due"])))
+            self.index.rebuild(entries)
+            self._index_generation, self._index_partitions = generation, owned
+            log.info("timer index rebuilt", extra={"timers": len(entries), "partitions": sorted(owned)})
+        return owned
+
+    async def fire_due_timers(self) -> None:
+        """Emit `TimerFired` for what is due in the partitions this worker owns (DESIGN §7)."""
+        if not self.ready():
+            return
+        owned = self._refresh_index()
+        now = self.now_ms()
+        for key, due_ms in self.index.pop_due(now, owned):
+            conversation = is_conversation_key(key)
+            topic = self.conversations if conversation else self.sweeps
+            await self._send(topic, key, TimerFired(key=key, due_ms=due_ms, at_ms=now))
+            self.metrics.timers_fired.labels("conversations" if conversation else "sweeps").inc()
+
+    # --- sweeps ------------------------------------------------------------------------------------------
+
+    def sweep_requests(self, account: int | None = None) -> list[SweepRequested]:
+        now = self.now_ms()
+        accounts = [account] if account is not None else sorted(self.config.routing.accounts)
+        return [SweepRequested(account_id=a, status=s, at_ms=now) for a in accounts for s in SWEEP_STATUSES]
+
+    async def run_leader_sweeps(self) -> None:
+        """On start and every ROUTER_SWEEP_INTERVAL_S, the leader requests a pass per account and status."""
+        await self._recovery.completed.wait()
+        while True:
+            if self.app.is_leader():
+                for request in self.sweep_requests():
+                    await self._send(self.sweeps, request.key, request)
+                    self.metrics.sweeps_requested.inc()
+                log.info("sweep requested", extra={"accounts": len(self.config.routing.accounts)})
+            await asyncio.sleep(self.env.sweep_interval_s)
+
+    # --- turn outcomes -----------------------------------------------------------------------------------
+
+    def report_turn(self, outcome: TurnOutcome) -> None:
+        """One log line per turn outcome (ids and classes only, behavior.md §11) and its metrics."""
+        self.metrics.count_turn(outcome)
+        fields = {
+            "key": outcome.key,
+            "run": outcome.run,
+            "result": outcome.result,
+            "reason": outcome.reason,
+            "status": outcome.status,
+            "assignee_id": outcome.assignee_id,
+            "labeled": outcome.labeled,
+            "replied": outcome.replied,
+        }
+        if outcome.result == "retry":
+            failures = outcome.failures or 0
+            level = logging.ERROR if failures >= 3 else logging.WARNING
+            log.log(
+                level,
+                "job failed; will retry",
+                extra={
+                    "job": f"route:{outcome.key}",
+                    "attempts": failures,
+                    "delayMs": outcome.delay_ms,
+                    "reason": outcome.reason,
+                },
+            )
+        elif outcome.result == "dropped":
+            log.info("conversation deleted; job dropped", extra={"job": f"route:{outcome.key}"})
+        else:
+            log.info(f"turn {outcome.result}", extra=fields)
+
+
+def build_worker(settings: Settings, env: WorkerEnv, **kwargs: Any) -> WorkerApp:
+    """Create the worker app (see WorkerApp for the keyword arguments)."""
+    return WorkerApp(settings, env, **kwargs)

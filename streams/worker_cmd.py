@@ -1,0 +1,95 @@
+"""`chatwoot-router worker [--web-port P] [--web-host H] [--config FILE]`: run the Faust worker (DESIGN §3).
+
+Refuses to start on an invalid configuration or environment (exit 2, the key path on stderr). Creates the
+topics if they are missing, then runs until SIGINT/SIGTERM, when Faust stops the agents, flushes the
+producer and commits offsets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from typing import Any
+
+from aiokafka.admin import AIOKafkaAdminClient
+
+from handlers.kafka_topics import ensure_topics
+from schemas.config import ConfigError
+from streams.config_cmd import EXIT_INVALID_CONFIG, load_or_exit
+from streams.worker import WorkerEnv, build_worker, read_worker_env
+
+log = logging.getLogger("chatwoot_router.worker")
+
+EXIT_KAFKA_UNAVAILABLE = 1
+DEFAULT_WEB_PORT = 6066
+DEFAULT_WEB_HOST = "127.0.0.1"
+TOPICS = ("conversations", "effects", "sweeps", "dlq")
+_QUIET_LOGGERS = ("faust", "mode", "aiokafka", "kafka", "rocksdict", "aiohttp.access", "httpx")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--web-port", type=int, default=DEFAULT_WEB_PORT, help="health/metrics port (default 6066)")
+    parser.add_argument("--web-host", default=DEFAULT_WEB_HOST, help="health/metrics address (default 127.0.0.1)")
+    parser.add_argument("--config", help="configuration file (JSON or YAML); default $ROUTER_CONFIG")
+    parser.add_argument("--log-level", default="info", help="log level (default info)")
+
+
+def env_or_exit() -> WorkerEnv:
+    try:
+        return read_worker_env()
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        raise SystemExit(EXIT_INVALID_CONFIG) from None
+
+
+def logging_config(level: str) -> dict[str, Any]:
+    """JSON logs on stderr for our loggers and Faust's (Faust's own set-up replaces root handlers)."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "handlers.logging_setup.JsonFormatter"}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+        "root": {"level": level.upper(), "handlers": ["stderr"]},
+        "loggers": {name: {"level": "WARNING"} for name in _QUIET_LOGGERS},
+    }
+
+
+async def prepare_topics(env: WorkerEnv) -> int:
+    """Create the four topics if missing; returns the replication factor for Faust's own topics."""
+    await ensure_topics(env.bootstrap, {env.topic(name): env.partitions for name in TOPICS})
+    admin = AIOKafkaAdminClient(bootstrap_servers=env.bootstrap)
+    try:
+        await admin.start()
+        cluster = await admin.describe_cluster()
+        return max(1, min(3, len(cluster["brokers"])))
+    finally:
+        await admin.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    import faust
+
+    settings = load_or_exit(args.config)
+    env = env_or_exit()
+    try:
+        replication = asyncio.run(prepare_topics(env))
+    except Exception as exc:  # exit non-zero so a supervisor restarts us once Kafka is back
+        print(f"kafka not usable at {env.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_KAFKA_UNAVAILABLE
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    worker_app = build_worker(
+        settings, env, web_host=args.web_host, web_port=args.web_port, replication_factor=replication
+    )
+    worker = faust.Worker(
+        worker_app.app,
+        loop=loop,
+        quiet=True,
+        loglevel=args.log_level,
+        redirect_stdouts=False,
+        logging_config=logging_config(args.log_level),
+    )
+    worker.execute_from_commandline()  # raises SystemExit when the worker stops
+    return 0

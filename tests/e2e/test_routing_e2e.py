@@ -1,0 +1,257 @@
+"""End-to-end routing: sandbox -> ingress -> Kafka -> worker -> sandbox, all over real HTTP (DESIGN §3, §7).
+
+Each test acts as customers and people through the sandbox and waits (with a deadline) until Chatwoot's state
+shows what a user of the help desk would see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import time
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from schemas.records import CreateMessage, EffectCommand
+from tests.e2e.conftest import BILLING, BOT_TOKENS, INBOX_2, SALES, Stack, bot_messages, read_all, wait_until
+
+pytestmark = pytest.mark.e2e
+
+BILLING_QUESTION = "I was charged twice on my invoice, please refund the payment"
+
+
+def metric(stack: Stack, name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include `labels` (0 when absent)."""
+    total = 0.0
+    for line in stack.metrics().splitlines():
+        match = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
+        if not match or match.group(1) != name:
+            continue
+        sample = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        if all(sample.get(k) == v for k, v in labels.items()):
+            total += float(match.group(3))
+    return total
+
+
+def api_calls(stack: Stack, account: int, conversation: int, op: str) -> list[dict[str, Any]]:
+    prefix = f"/api/v1/accounts/{account}/conversations/{conversation}"
+    return [c for c in stack.state()["api_calls"] if c["op"] == op and c["path"].startswith(prefix)]
+
+
+def test_healthz_and_metrics_are_served(e2e: Stack) -> None:
+    assert e2e.healthz().json() == {"ok": True}
+    text = e2e.metrics()
+    for family in ("router_events_folded_total", "router_effect_seconds", "router_dlq_records_total"):
+        assert f"# TYPE {family.removesuffix('_total')}" in text
+
+
+def test_billing_question_is_assigned_to_its_owner(e2e: Stack) -> None:
+    conversation = e2e.new_conversation(contact_name="Ada Lovelace", contact_email="ada@example.org")
+    e2e.customer_says(1, conversation, BILLING_QUESTION)
+    done = e2e.wait_conversation(1, conversation, "assigned to billing", lambda c: c["assignee_id"] == BILLING)
+    assert done["status"] == "open"
+    assert done["bot_assignee_id"] is None
+    assert bot_messages(done) == []
+
+
+def test_spam_is_resolved_and_the_bot_released(e2e: Stack) -> None:
+    conversation = e2e.new_conversation()
+    e2e.customer_says(1, conversation, "Casino spam advertising: unsolicited marketing offers for you")
+    done = e2e.wait_conversation(
+        1,
+        conversation,
+        "resolved and released",
+        lambda c: c["status"] == "resolved" and c["bot_assignee_id"] is None,
+    )
+    assert done["assignee_id"] is None
+    assert "spam" in done["labels"]
+
+
+def test_canned_reply_is_sent_exactly_once_across_a_worker_restart(e2e: Stack) -> None:
+    conversation = e2e.new_conversation()
+    # the reply's POST is slow, so the worker is stopped while it is in flight
+    e2e.fault(op="create_message", mode="delay", delay_ms=2000, account_id=1, conversation_id=conversation)
+    e2e.customer_says(1, conversation, "What are your opening hours? When is the shop open or closed?")
+    wait_until("the reply POST to start", lambda: api_calls(e2e, 1, conversation, "create_message"), 60)
+    e2e.worker.stop(signal.SIGTERM)
+    e2e.worker.start()
+    e2e.wait_worker_healthy()
+    done = e2e.wait_conversation(1, conversation, "no longer pending", lambda c: c["status"] != "pending")
+    replies = bot_messages(done)
+    assert len(replies) == 1
+    assert "opening hours" not in replies[0]["content"]  # the canned content, not the customer's text
+    # more events for the same conversation never send it again
+    e2e.customer_says(1, conversation, "What are your opening hours again?")
+    e2e.control("POST", "/settle", {"timeout_s": 10})
+    wait_until("the follow-up to be folded", lambda: metric(e2e, "router_events_folded_total") > 0)
+    assert len(bot_messages(e2e.conversation(1, conversation))) == 1
+    assert len(api_calls(e2e, 1, conversation, "create_message")) == 1
+
+
+def test_greeting_waits_then_routes_on_the_next_message(e2e: Stack) -> None:
+    waited = metric(e2e, "router_turn_outcomes_total", result="waited")
+    conversation = e2e.new_conversation()
+    e2e.customer_says(1, conversation, "Hello")
+    wait_until("the greeting to wait", lambda: metric(e2e, "router_turn_outcomes_total", result="waited") > waited)
+    current = e2e.conversation(1, conversation)
+    assert current["status"] == "pending" and current["assignee_id"] is None
+    e2e.customer_says(1, conversation, "Can I get a sales quote and pricing plans for a discount?")
+    done = e2e.wait_conversation(1, conversation, "assigned to sales", lambda c: c["assignee_id"] == SALES)
+    assert done["status"] == "open"
+
+
+def test_human_public_reply_hands_off(e2e: Stack) -> None:
+    handoffs = metric(e2e, "router_handoffs_total", reason="public_reply")
+    conversation = e2e.new_conversation()
+    e2e.control("POST", f"/conversations/1/{conversation}/reply", {"user_id": 1, "content": "Hi, Ada here."})
+    e2e.customer_says(1, conversation, BILLING_QUESTION)
+    done = e2e.wait_conversation(1, conversation, "handed off", lambda c: c["status"] == "open")
+    assert done["assignee_id"] != BILLING
+    assert bot_messages(done) == []
+    wait_until(
+        "the handoff to be counted", lambda: metric(e2e, "router_handoffs_total", reason="public_reply") > handoffs
+    )
+
+
+def test_disconnected_inbox_hands_off_without_asking_system_one(e2e: Stack) -> None:
+    # account 2's inbox answers "no bot linked" from now on
+    e2e.fault(op="get_inbox_bot", mode="respond", body={}, times=None, account_id=2)
+    jev_calls = len(e2e.state()["systemone_calls"])
+    conversation = e2e.new_conversation(account=2, inbox=INBOX_2)
+    e2e.customer_says(2, conversation, "My device is broken, technical support please")
+    done = e2e.wait_conversation(2, conversation, "handed off", lambda c: c["status"] == "open")
+    assert done["bot_assignee_id"] is None
+    assert len(e2e.state()["systemone_calls"]) == jev_calls
+
+
+def test_status_change_mid_run_stops_the_routing(e2e: Stack) -> None:
+    turns = metric(e2e, "router_turn_outcomes_total")
+    conversation = e2e.new_conversation()
+    e2e.fault(op="systemone", mode="delay", delay_ms=1500, times=1)
+    e2e.customer_says(1, conversation, BILLING_QUESTION)
+    wait_until("System One to be asked", lambda: api_calls(e2e, 1, conversation, "list_messages"), 30)
+    # a person opens the conversation while the decision is in flight (its webhook lands mid-run)
+    e2e.control("POST", f"/conversations/1/{conversation}/status", {"user_id": 1, "status": "open"})
+    wait_until("the run to end", lambda: metric(e2e, "router_turn_outcomes_total") > turns)
+    e2e.control("POST", "/settle", {"timeout_s": 10})
+    wait_until("the runs to settle", lambda: metric(e2e, "router_turn_outcomes_total") >= turns + 1)
+    current = e2e.conversation(1, conversation)
+    assert current["status"] == "open"
+    assert current["assignee_id"] != BILLING  # people own it now: not assigned by the bot
+    assert api_calls(e2e, 1, conversation, "assign") == []
+
+
+def test_chatwoot_failing_three_times_enters_handoff_mode(e2e: Stack) -> None:
+    conversation = e2e.new_conversation()
+    e2e.fault(op="list_messages", mode="fail", status=503, times=3, account_id=1, conversation_id=conversation)
+    e2e.customer_says(1, conversation, BILLING_QUESTION)
+    done = e2e.wait_conversation(1, conversation, "handed off", lambda c: c["status"] == "open", deadline_s=60)
+    assert done["assignee_id"] != BILLING  # handoff mode skips System One's owner
+    assert bot_messages(done) == []
+
+
+def test_deleted_conversation_is_dropped(e2e: Stack) -> None:
+    missing = metric(e2e, "router_effect_outcomes_total", **{"class": "missing"})
+    conversation = e2e.new_conversation()
+    e2e.fault(op="get_conversation", mode="delay", delay_ms=1000, times=1, account_id=1, conversation_id=conversation)
+    e2e.customer_says(1, conversation, BILLING_QUESTION)
+    wait_until("the first read", lambda: api_calls(e2e, 1, conversation, "get_conversation"), 30)
+    e2e.control("DELETE", f"/conversations/1/{conversation}")
+    wait_until(
+        "a 'missing' outcome",
+        lambda: (
+            metric(e2e, "router_effect_outcomes_total", **{"class": "missing"}) > missing
+            or metric(e2e, "router_turn_outcomes_total", result="nothing") > 0
+        ),
+    )
+    # the worker carries on with other conversations
+    other = e2e.new_conversation()
+    e2e.customer_says(1, other, BILLING_QUESTION)
+    e2e.wait_conversation(1, other, "assigned", lambda c: c["assignee_id"] == BILLING)
+    assert metric(e2e, "router_dlq_records_total") == 0
+
+
+def test_sweep_finds_a_lost_webhook_and_an_open_conversation_still_held_by_the_bot(e2e: Stack) -> None:
+    e2e.ingress.stop()  # webhooks sent now are lost (the sandbox gives up after its retries)
+    lost = e2e.new_conversation()
+    e2e.customer_says(1, lost, BILLING_QUESTION)
+    held = e2e.new_conversation()
+    bot = {"api_access_token": BOT_TOKENS[1]}
+    for status in ("resolved", "open"):  # the bot's own status changes keep its assignment
+        url = f"{e2e.sandbox_url}/api/v1/accounts/1/conversations/{held}/toggle_status"
+        assert e2e.http.post(url, json={"status": status}, headers=bot).is_success
+    e2e.control("POST", "/settle", {"timeout_s": 30})
+    assert e2e.conversation(1, held)["bot_assignee_id"] == 5
+    assert e2e.conversation(1, lost)["status"] == "pending"
+    e2e.ingress.start()
+    wait_until("the ingress", lambda: e2e.http.get(f"http://127.0.0.1:{e2e.ingress_port}/healthz").is_success)
+
+    result = e2e.run_cli("sweep", "--account", "1")
+    assert result.returncode == 0, result.stderr
+
+    e2e.wait_conversation(1, lost, "routed by the sweep", lambda c: c["assignee_id"] == BILLING)
+    released = e2e.wait_conversation(1, held, "released", lambda c: c["bot_assignee_id"] is None)
+    assert released["status"] == "open"
+
+
+def test_sweep_refuses_an_account_that_is_not_routed(e2e: Stack) -> None:
+    result = e2e.run_cli("sweep", "--account", "99")
+    assert result.returncode == 2
+    assert "--account" in result.stderr
+
+
+def test_leader_requests_sweep_passes_periodically(e2e: Stack) -> None:
+    before = metric(e2e, "router_sweeps_requested_total")
+    # ROUTER_SWEEP_INTERVAL_S is 15 in this stack: one more pass (2 accounts x pending/open) within the deadline
+    wait_until("the next sweep pass", lambda: metric(e2e, "router_sweeps_requested_total") >= before + 4, 40, 0.5)
+
+
+def test_a_reply_command_consumed_twice_is_posted_once(e2e: Stack, kafka_bootstrap: str) -> None:
+    """The effect agent is at-least-once: a create_message seen again after a crash is never posted again."""
+    conversation = e2e.new_conversation()
+    key = f"1:{conversation}"
+    command = EffectCommand(
+        key=key,
+        account_id=1,
+        command_id=f"{key}:1:9",
+        params=CreateMessage(content="Thanks! Here is our hours information."),
+        at_ms=int(time.time() * 1000),
+    )
+    unconfirmed = metric(e2e, "router_effect_outcomes_total", op="create_message", **{"class": "unconfirmed"})
+
+    async def produce_twice() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        await producer.start()
+        try:
+            for _ in range(2):
+                topic = f"{e2e.env['ROUTER_APP_ID']}.effects"
+                await producer.send_and_wait(topic, key=key.encode(), value=command.model_dump_json().encode())
+        finally:
+            await producer.stop()
+
+    asyncio.run(produce_twice())
+    wait_until(
+        "the second delivery to be reported unconfirmed",
+        lambda: (
+            metric(e2e, "router_effect_outcomes_total", op="create_message", **{"class": "unconfirmed"}) > unconfirmed
+        ),
+    )
+    assert len(bot_messages(e2e.conversation(1, conversation))) == 1
+    assert len(api_calls(e2e, 1, conversation, "create_message")) == 1
+
+
+def test_the_event_log_never_holds_contact_identities_or_raw_text(e2e: Stack, kafka_bootstrap: str) -> None:
+    """DESIGN §4 "Privacy of the log": names, e-mail addresses and unredacted text stay out of `conversations`."""
+    conversation = e2e.new_conversation(contact_name="Grace Hopperfield", contact_email="grace.h@navy.example")
+    secret_text = "Refund my invoice payment, call me on +1 555 0100 200, Grace Hopperfield"
+    e2e.customer_says(1, conversation, secret_text)
+    e2e.wait_conversation(1, conversation, "routed", lambda c: c["status"] != "pending")
+    records = asyncio.run(read_all(kafka_bootstrap, f"{e2e.env['ROUTER_APP_ID']}.conversations"))
+    mine = [r.value.decode() for r in records if r.key == f"1:{conversation}".encode()]
+    assert any('"op":"read_turn"' in value for value in mine)  # the turn read's outcome is there, redacted
+    for value in mine:
+        for private in ("Grace", "Hopperfield", "grace.h@navy.example", "555 0100 200", secret_text):
+            assert private not in value
