@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from handlers.sandbox import run_sandbox
-from handlers.sandbox.scenario import DEFAULT_API_KEY, DEFAULT_USER_TOKEN, from_config
+from handlers.sandbox.scenario import DEFAULT_API_KEY, DEFAULT_USER_TOKEN, SAMPLE, from_config
 from schemas.config import ConfigError, load_config_file
 
 EXIT_INVALID_CONFIG = 2
@@ -29,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=3000, help="port to listen on (default 3000; 0 = any)")
     parser.add_argument("--config", help="router configuration to derive the scenario from")
-    parser.add_argument("--scenario", help="scenario file (JSON or YAML); takes precedence over --config")
+    parser.add_argument(
+        "--scenario", help="scenario file (JSON or YAML); takes precedence over --config; default: the sample scenario"
+    )
     parser.add_argument("--webhook-url", help="where agent-bot webhooks go (bots without an outgoing_url)")
     parser.add_argument("--retry-delay", type=float, default=3.0, help="seconds between webhook retries (default 3)")
 
@@ -59,7 +61,7 @@ def _scenario(args: argparse.Namespace) -> dict[str, Any] | None:
             bot_secrets=_account_map("CHATWOOT_AGENT_BOT_SECRETS"),
             api_key=os.environ.get("TYPESAFE_API_KEY") or DEFAULT_API_KEY,
         )
-    return None
+    return SAMPLE  # something to try at once: see handlers/sandbox/scenario.py for what it holds
 
 
 async def _serve(args: argparse.Namespace, scenario: dict[str, Any] | None) -> None:
@@ -71,6 +73,12 @@ async def _serve(args: argparse.Namespace, scenario: dict[str, Any] | None) -> N
         args.host, args.port, scenario=scenario, webhook_url=args.webhook_url, retry_delay_s=args.retry_delay
     ) as sandbox:
         print(f"ready url={sandbox.url}", flush=True)
+        if scenario is SAMPLE:
+            print(
+                "sample scenario: account 1 (user token user-1, bot 5 with token bot-5 and secret secret-5, "
+                "inbox 7 linked to it), account 2; state at /_sandbox/state",
+                flush=True,
+            )
         await stop.wait()
 
 
