@@ -1,32 +1,43 @@
 """Worker benchmark (not run by CI): webhook -> turn end through sandbox, ingress, Kafka and the worker.
 
 Starts the same stack as the end-to-end tests (`chatwoot-router sandbox`, `ingress`, `worker` as processes),
-with the sandbox answering every Chatwoot call after 20 ms and System One after 200 ms, then:
+with the sandbox answering every Chatwoot call after 20 ms and System One after 200 ms, then, by `--mode`:
 
+`isolation` (default):
 1. baseline: N billing questions sent back to back; conversations/s and p50/p99 of webhook -> turn end;
 2. isolation: the same, with the *first* conversation's System One call taking 30 s; the others' p99 must
    stay within 1.5x the baseline (a slow call delays only its own conversation, DESIGN §7).
 
-"Turn end" is the time of the worker's `turn assigned` log line for the conversation (same machine clock as
+`scale`: the same burst on one worker, then on two (a second `worker` with its own ROUTER_DATA_DIR and web
+port, same ROUTER_APP_ID, posted to only once both are healthy and own disjoint halves of the partitions),
+then on one again after the second has left. Ratios are taken against the one-worker runs of the same
+invocation, because the machine is shared and noisy. Each burst also reports the CPU seconds every process
+spent during it (from /proc), which says whether the machine's cores, not the worker, were the limit.
+
+"Turn end" is the time of a worker's `turn assigned` log line for the conversation (same machine clock as
 the send time taken just before the message is posted).
 
     .venv/bin/python bench/worker_bench.py --bootstrap 127.0.0.1:9092 [--conversations 100]
+    .venv/bin/python bench/worker_bench.py --bootstrap 127.0.0.1:9092 --mode scale [--kafka-pid PID]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.e2e.conftest import Stack, wait_until  # the e2e tests' stack, reused as is
+from streams.kafka_local import free_port
+from tests.e2e.conftest import Process, Stack, wait_until  # the e2e tests' stack, reused as is
 
 CHATWOOT_OPS = (
     "get_conversation",
@@ -42,16 +53,85 @@ CHATWOOT_OPS = (
     "list_agents",
 )
 QUESTION = "I was charged twice on my invoice, please refund the payment"
+PARTITIONS = 4  # what tests.e2e.conftest.Stack creates the topics with
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def turn_ends(log_path: Path) -> dict[str, float]:
-    """Conversation key -> epoch seconds of its first `turn assigned` log line."""
-    ends: dict[str, float] = {}
+# --- CPU accounting from /proc (no psutil in the venv) ------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process (all its threads, RocksDB's included), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14 and 15 of stat)
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (the broker's JVM runs under the `kafka` subcommand)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                todo += [int(child) for child in (task / "children").read_text().split()]
+            except OSError:
+                continue
+    return found
+
+
+def cpu_of(pids: Iterable[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            total += cpu_seconds(pid)
+        except OSError:
+            continue  # exited
+    return total
+
+
+class CpuMeter:
+    """CPU seconds spent by named process groups between `start` and `stop`."""
+
+    def __init__(self, groups: dict[str, list[int]]) -> None:
+        self.groups = groups
+        self.began: dict[str, float] = {}
+        self.wall = 0.0
+
+    def start(self) -> None:
+        self.began = {name: cpu_of(pids) for name, pids in self.groups.items()}
+        self.wall = time.monotonic()
+
+    def stop(self) -> dict[str, float]:
+        wall = time.monotonic() - self.wall
+        spent = {name: cpu_of(pids) - self.began[name] for name, pids in self.groups.items()}
+        return {"wall_s": wall, **spent}
+
+
+# --- turns ------------------------------------------------------------------------------------------------
+
+
+def log_entries(log_path: Path, message: str) -> list[dict[str, object]]:
+    """The JSON log lines of one process whose message is `message`."""
+    needle = f'"{message}"'
+    entries = []
     for line in log_path.read_text(errors="replace").splitlines():
-        if '"turn assigned"' not in line:
-            continue
-        entry = json.loads(line)
-        ends.setdefault(entry["key"], datetime.fromisoformat(entry["time"]).timestamp())
+        if needle in line:
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return entries
+
+
+def turn_ends(log_paths: Iterable[Path]) -> dict[str, float]:
+    """Conversation key -> epoch seconds of its first `turn assigned` log line in any of the workers' logs."""
+    ends: dict[str, float] = {}
+    for log_path in log_paths:
+        for entry in log_entries(log_path, "turn assigned"):
+            at = datetime.fromisoformat(str(entry["time"])).timestamp()
+            key = str(entry["key"])
+            ends[key] = min(at, ends.get(key, at))
     return ends
 
 
@@ -60,21 +140,29 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run_batch(stack: Stack, count: int, slow_first: bool) -> dict[str, float]:
+def standing_faults(stack: Stack) -> None:
+    """Every Chatwoot answer after 20 ms, every System One answer after 200 ms."""
+    stack.fault(op="systemone", mode="delay", delay_ms=200, times=None)
+    for op in CHATWOOT_OPS:
+        stack.fault(op=op, mode="delay", delay_ms=20, times=None)
+
+
+def run_batch(stack: Stack, count: int, slow_first: bool, workers: list[Process] | None = None) -> dict[str, float]:
     """Send `count` questions; with `slow_first` the first one's System One call is the slow one."""
+    logs = [w.log_path for w in (workers or [stack.worker])]
     ids = [stack.new_conversation() for _ in range(count)]
     sent: dict[str, float] = {}
     for conversation in ids:
         sent[f"1:{conversation}"] = time.time()
         stack.customer_says(1, conversation, QUESTION)
     others = [f"1:{c}" for c in (ids[1:] if slow_first else ids)]
-    wait_until("every turn to end", lambda: set(others) <= set(turn_ends(stack.worker.log_path)), 600, 0.5)
-    ends = turn_ends(stack.worker.log_path)
+    wait_until("every turn to end", lambda: set(others) <= set(turn_ends(logs)), 600, 0.5)
+    ends = turn_ends(logs)
     latencies = [ends[k] - sent[k] for k in others]
     span = max(ends[k] for k in others) - min(sent[k] for k in others)
     if slow_first:
         first = f"1:{ids[0]}"
-        wait_until("the slow conversation", lambda: first in turn_ends(stack.worker.log_path), 120, 0.5)
+        wait_until("the slow conversation", lambda: first in turn_ends(logs), 120, 0.5)
     return {
         "conversations_per_s": len(others) / span,
         "p50_ms": 1000 * statistics.median(latencies),
@@ -82,31 +170,17 @@ def run_batch(stack: Stack, count: int, slow_first: bool) -> dict[str, float]:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--conversations", type=int, default=100)
-    parser.add_argument("--keep", help="keep the processes' logs and state in this directory")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as scratch:
-        tmp = args.keep or scratch
-        Path(tmp).mkdir(parents=True, exist_ok=True)
-        stack = Stack(args.bootstrap, f"bench-{int(time.time())}", Path(tmp))
-        stack.start()
-        try:
-            stack.fault(op="systemone", mode="delay", delay_ms=200, times=None)
-            for op in CHATWOOT_OPS:
-                stack.fault(op=op, mode="delay", delay_ms=20, times=None)
-            base = run_batch(stack, args.conversations, slow_first=False)
-            # the 30 s rule must be found first: put it in front of the standing 200 ms rule
-            stack.clear_faults()
-            stack.fault(op="systemone", mode="delay", delay_ms=30_000, times=1)
-            stack.fault(op="systemone", mode="delay", delay_ms=200, times=None)
-            for op in CHATWOOT_OPS:
-                stack.fault(op=op, mode="delay", delay_ms=20, times=None)
-            slow = run_batch(stack, args.conversations, slow_first=True)
-        finally:
-            stack.stop()
+# --- modes ------------------------------------------------------------------------------------------------
+
+
+def run_isolation(stack: Stack, count: int) -> None:
+    standing_faults(stack)
+    base = run_batch(stack, count, slow_first=False)
+    # the 30 s rule must be found first: put it in front of the standing 200 ms rule
+    stack.clear_faults()
+    stack.fault(op="systemone", mode="delay", delay_ms=30_000, times=1)
+    standing_faults(stack)
+    slow = run_batch(stack, count, slow_first=True)
     print(
         f"baseline:  {base['conversations_per_s']:.1f} conversations/s, p50 {base['p50_ms']:.0f} ms, "
         f"p99 {base['p99_ms']:.0f} ms"
@@ -115,6 +189,125 @@ def main() -> int:
         f"one slow:  {slow['conversations_per_s']:.1f} conversations/s, p50 {slow['p50_ms']:.0f} ms, "
         f"p99 {slow['p99_ms']:.0f} ms (others; ratio {slow['p99_ms'] / base['p99_ms']:.2f}x baseline p99)"
     )
+
+
+def owned_by_log(worker: Process) -> frozenset[int] | None:
+    """The partitions a worker last said it owns (its latest `timer index rebuilt` line), if any."""
+    entries = log_entries(worker.log_path, "timer index rebuilt")
+    if not entries:
+        return None
+    partitions = entries[-1].get("partitions")
+    return frozenset(int(p) for p in partitions) if isinstance(partitions, list) else None
+
+
+def wait_settled(stack: Stack, workers: list[tuple[Process, int]], stable_s: float = 3.0) -> None:
+    """Every worker healthy and owning a disjoint, non-empty share covering all partitions, for `stable_s`."""
+
+    def settled() -> bool:
+        owned: list[frozenset[int]] = []
+        for process, port in workers:
+            assert process.alive(), f"{process.name} exited:\n{process.log_tail()}"
+            if stack.http.get(f"http://127.0.0.1:{port}/healthz").status_code != 200:
+                return False
+            share = owned_by_log(process)
+            if not share:
+                return False
+            owned.append(share)
+        union = frozenset().union(*owned)
+        return union == frozenset(range(PARTITIONS)) and sum(len(s) for s in owned) == PARTITIONS
+
+    since: list[float] = []
+
+    def stable() -> bool:
+        if not settled():
+            since.clear()
+            return False
+        since.append(time.monotonic())
+        return since[-1] - since[0] >= stable_s
+
+    wait_until("the group to settle", stable, 180, 0.5)
+
+
+def burst(stack: Stack, count: int, workers: list[Process], groups: dict[str, list[int]]) -> dict[str, float]:
+    meter = CpuMeter(groups)
+    meter.start()
+    result = run_batch(stack, count, slow_first=False, workers=workers)
+    return {**result, **meter.stop()}
+
+
+def describe(label: str, run: dict[str, float], base: dict[str, float] | None) -> str:
+    ratio = ""
+    if base is not None:
+        ratio = (
+            f" | x{run['conversations_per_s'] / base['conversations_per_s']:.2f} throughput, "
+            f"x{run['p50_ms'] / base['p50_ms']:.2f} p50, x{run['p99_ms'] / base['p99_ms']:.2f} p99"
+        )
+    cpu = ", ".join(f"{k} {v:.1f}" for k, v in run.items() if k not in {"conversations_per_s", "p50_ms", "p99_ms"})
+    busy = sum(v for k, v in run.items() if k not in {"conversations_per_s", "p50_ms", "p99_ms", "wall_s"})
+    return (
+        f"{label}: {run['conversations_per_s']:.1f} conversations/s, p50 {run['p50_ms']:.0f} ms, "
+        f"p99 {run['p99_ms']:.0f} ms{ratio}\n    CPU s: {cpu} (all measured: {busy / run['wall_s']:.2f} cores)"
+    )
+
+
+def run_scale(stack: Stack, count: int, tmp: Path, kafka_pid: int | None) -> None:
+    standing_faults(stack)
+    assert stack.worker.popen is not None and stack.ingress.popen is not None and stack.sandbox.popen is not None
+    groups: dict[str, list[int]] = {
+        "worker1": [stack.worker.popen.pid],
+        "ingress": [stack.ingress.popen.pid],
+        "sandbox": [stack.sandbox.popen.pid],
+    }
+    if kafka_pid is not None:
+        groups["kafka"] = descendants(kafka_pid)
+    one = [(stack.worker, stack.web_port)]
+    wait_settled(stack, one)
+    run_batch(stack, 10, slow_first=False)  # warm-up: connections, imports, first RocksDB writes
+    first = burst(stack, count, [stack.worker], groups)
+    print(describe("1 worker ", first, None), flush=True)
+
+    port2 = free_port()
+    env2 = dict(stack.env, ROUTER_DATA_DIR=str(tmp / "state-2"))
+    second = Process("worker2", ["worker", "--web-port", str(port2)], env2, tmp)
+    second.start()
+    try:
+        two = [*one, (second, port2)]
+        wait_settled(stack, two)
+        assert second.popen is not None
+        both = burst(stack, count, [stack.worker, second], {**groups, "worker2": [second.popen.pid]})
+        print(describe("2 workers", both, first), flush=True)
+    finally:
+        second.stop()
+    wait_settled(stack, one)
+    again = burst(stack, count, [stack.worker], groups)
+    print(describe("1 worker ", again, first), flush=True)
+    mean = {k: (first[k] + again[k]) / 2 for k in ("conversations_per_s", "p50_ms", "p99_ms")}
+    print(
+        f"2 workers vs mean of the two 1-worker runs: x{both['conversations_per_s'] / mean['conversations_per_s']:.2f}"
+        f" throughput, x{both['p50_ms'] / mean['p50_ms']:.2f} p50, x{both['p99_ms'] / mean['p99_ms']:.2f} p99"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--conversations", type=int, default=100)
+    parser.add_argument("--mode", choices=("isolation", "scale"), default="isolation")
+    parser.add_argument("--kafka-pid", type=int, help="pid of `chatwoot-router kafka`, to count the broker's CPU")
+    parser.add_argument("--keep", help="keep the processes' logs and state in this directory")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = Path(args.keep or scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
+        stack = Stack(args.bootstrap, f"bench-{args.mode}-{int(time.time())}", tmp)
+        stack.start()
+        try:
+            if args.mode == "isolation":
+                run_isolation(stack, args.conversations)
+            else:
+                run_scale(stack, args.conversations, tmp, args.kafka_pid)
+        finally:
+            stack.stop()
     return 0
 
 

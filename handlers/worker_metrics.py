@@ -52,6 +52,9 @@ class WorkerMetrics:
         self.replies_sent = Counter("router_replies_sent_total", "canned replies created in Chatwoot", registry=r)
         self.dlq = Counter("router_dlq_records_total", "records sent to the DLQ", ["topic"], registry=r)
         self.timers_fired = Counter("router_timers_fired_total", "TimerFired events emitted", ["topic"], registry=r)
+        self.runs_resumed = Counter(
+            "router_runs_resumed_total", "runs resumed at once after their partition moved here", registry=r
+        )
         self.timers_pending = Gauge("router_timers_pending", "keys with a durable timer on this worker", registry=r)
         self.agent_errors = Counter(
             "router_agent_errors_total", "unexpected errors caught in agents", ["agent"], registry=r

@@ -225,12 +225,15 @@ class _Folder:
 
     def on_timer(self, event: TimerFired) -> None:
         run = self.run
-        if run is None or run.pending is None or run.deadline_ms is None or self.now < run.deadline_ms:
+        if run is None or run.pending is None:
             return
+        overdue = run.deadline_ms is not None and self.now >= run.deadline_ms
         if run.pending.params.op == "create_message":
-            # §9.7: never re-sent; a lost receipt is an unconfirmed reply
-            self.set_run(pending=None, deadline_ms=None)
-            self.handoff("reply_unconfirmed")
+            if overdue:  # §9.7: never re-sent; a lost receipt is an unconfirmed reply
+                self.set_run(pending=None, deadline_ms=None)
+                self.handoff("reply_unconfirmed")
+            return
+        if not (overdue or event.resume):
             return
         cost = MAX_REQUESTS.get(run.pending.params.op, 1)
         again = run.pending.model_copy(update={"at_ms": self.now})

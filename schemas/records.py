@@ -77,6 +77,11 @@ class TimerFired(Record):
     type: Literal["timer_fired"] = "timer_fired"
     key: str
     due_ms: int
+    resume: bool = Field(
+        default=False,
+        description="sent by a worker that has just taken the key's partition over: re-issue the command the run "
+        "waits for at once (reads and idempotent mutations; never a reply), as it may have died with the old owner",
+    )
 
 
 class SweepRequested(Record):

@@ -306,7 +306,8 @@ class WorkerApp:
         if any(command.op == "create_message" for command in result.commands):
             await self.app.producer.flush()  # the ledger entry is durable before the reply may be sent
         await self._send_commands(result.commands)
-        self.set_timer(partition, key, result.wakeup_ms)
+        run = result.state.run
+        self.set_timer(partition, key, result.wakeup_ms, waiting=run is not None and run.pending is not None)
         for outcome in result.outcomes:
             self.report_turn(outcome)
 
@@ -370,38 +371,56 @@ class WorkerApp:
 
     # --- timers ------------------------------------------------------------------------------------------
 
-    def set_timer(self, partition: int, key: str, due_ms: int | None) -> None:
-        """Record the key's next due time in the table (inside an agent) and in the in-memory index."""
+    def set_timer(self, partition: int, key: str, due_ms: int | None, *, waiting: bool = False) -> None:
+        """Record the key's next due time in the table (inside an agent) and in the in-memory index.
+
+        `waiting` marks a conversation whose run waits for an effect's outcome: a worker that takes the
+        partition over resumes it at once instead of waiting for the command's deadline.
+        """
         stored = self.timers.get(key)
-        current = stored["due"] if stored is not None else None
-        if due_ms != current:
-            if due_ms is None:
+        entry = None if due_ms is None else {"due": due_ms, "p": partition, "waiting": waiting}
+        if entry != stored:
+            if entry is None:
                 del self.timers[key]
             else:
-                self.timers[key] = {"due": due_ms, "p": partition}
+                self.timers[key] = entry
         self.index.set(partition, key, due_ms)
 
-    def _refresh_index(self) -> frozenset[int]:
-        """Rebuild the index from the table after each rebalance (partitions moved, state recovered)."""
+    def _refresh_index(self) -> tuple[frozenset[int], list[tuple[str, int]]]:
+        """Rebuild the index from the table after each rebalance (partitions moved, state recovered).
+
+        Also returns the conversations of newly owned partitions whose run waits for an outcome: the command
+        may have died with the previous owner, so they are resumed now rather than at their deadline.
+        """
         generation = self.app.consumer_generation_id
         owned = self.owned_partitions()
+        resume: list[tuple[str, int]] = []
         if generation != self._index_generation or owned != self._index_partitions:
+            new = owned - self._index_partitions
             entries = []
             for raw_key, value in self.timers.items():
                 key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
                 if isinstance(value, dict) and value.get("p") in owned:
                     entries.append((int(value["p"]), key, int(value["due"])))
+                    if value.get("waiting") and value["p"] in new and is_conversation_key(key):
+                        resume.append((key, int(value["due"])))
             self.index.rebuild(entries)
             self._index_generation, self._index_partitions = generation, owned
-            log.info("timer index rebuilt", extra={"timers": len(entries), "partitions": sorted(owned)})
-        return owned
+            log.info(
+                "timer index rebuilt",
+                extra={"timers": len(entries), "resumed": len(resume), "partitions": sorted(owned)},
+            )
+        return owned, resume
 
     async def fire_due_timers(self) -> None:
         """Emit `TimerFired` for what is due in the partitions this worker owns (DESIGN §7)."""
         if not self.ready():
             return
-        owned = self._refresh_index()
+        owned, resume = self._refresh_index()
         now = self.now_ms()
+        for key, due_ms in resume:
+            await self._send(self.conversations, key, TimerFired(key=key, due_ms=due_ms, at_ms=now, resume=True))
+            self.metrics.runs_resumed.inc()
         for key, due_ms in self.index.pop_due(now, owned):
             conversation = is_conversation_key(key)
             topic = self.conversations if conversation else self.sweeps

@@ -208,3 +208,39 @@ def test_account_removed_from_configuration_completes_the_job() -> None:
     )
     d.tick()
     assert d.last().reason == "account_not_routed" and d.state.job is None
+
+
+def test_a_resume_timer_reissues_the_lost_read_at_once_with_the_same_id() -> None:
+    d = make()
+    d.chatwoot.lost = {"read_turn": 1}
+    d.webhook()
+    deadline = d.wakeup
+    assert deadline is not None and deadline > d.now
+    # a worker that has just taken the partition over resumes well before the deadline
+    d.send(TimerFired(at_ms=d.now + 1, key=f"{ACCOUNT}:{CONV}", due_ms=deadline, resume=True))
+    d.settle()
+    reads = [c.command_id for c in d.commands if c.op == "read_turn"]
+    assert len(reads) >= 2 and reads[0] == reads[1]
+    assert d.last().result == "assigned"
+
+
+def test_a_resume_timer_never_resends_a_reply_and_the_deadline_still_decides() -> None:
+    from tests.unit.test_fold_reply import refund
+
+    d = refund(lost={"create_message": 1})
+    d.webhook()
+    assert d.state.run is not None and d.state.run.phase == "send"
+    d.send(TimerFired(at_ms=d.now + 1, key=f"{ACCOUNT}:{CONV}", due_ms=d.wakeup or 0, resume=True))
+    assert d.queue == [] and d.state.run.phase == "send"
+    d.tick()  # the deadline passes: an unconfirmed reply, handed off, never sent twice
+    assert d.chatwoot.ops().count("create_message") == 1
+    assert d.last().reason == "reply_unconfirmed"
+
+
+def test_a_resume_timer_without_a_run_in_progress_changes_nothing_but_the_offset() -> None:
+    d = make()
+    d.webhook()
+    before = d.state
+    d.send(TimerFired(at_ms=d.now + 1, key=f"{ACCOUNT}:{CONV}", due_ms=d.now + 1, resume=True))
+    assert d.queue == []
+    assert d.state.model_copy(update={"offset": before.offset}) == before
