@@ -77,6 +77,13 @@ class ChatwootInvalidResponse(ChatwootError):
         super().__init__(operation, status, f"Chatwoot {operation} returned {reason}")
 
 
+class ChatwootForeignBot(ChatwootInvalidResponse):
+    """The inbox is linked to a system bot or another account's bot: the router must not act (Decisions 9)."""
+
+    def __init__(self, operation: str, status: int) -> None:
+        super().__init__(operation, status, "a bot that does not belong to the account")
+
+
 class ChatwootClient:
     """Calls Chatwoot for one installation; `requests` counts the HTTP requests this instance made.
 
@@ -221,7 +228,7 @@ class ChatwootClient:
         except ValidationError:
             raise ChatwootInvalidResponse(op, response.status_code) from None
         if bot.account_id != account_id:
-            raise ChatwootInvalidResponse(op, response.status_code, "a bot that does not belong to the account")
+            raise ChatwootForeignBot(op, response.status_code)
         return bot
 
     async def list_conversations(self, account_id: int, status: str, page: int) -> ConversationPage:

@@ -21,7 +21,15 @@ from collections.abc import Callable
 
 import httpx
 
-from handlers.chatwoot import TIMEOUT_S, ChatwootClient, ChatwootError, ChatwootTimeout, ConversationMissing
+from handlers.chatwoot import (
+    TIMEOUT_S,
+    ChatwootClient,
+    ChatwootError,
+    ChatwootForeignBot,
+    ChatwootInvalidResponse,
+    ChatwootTimeout,
+    ConversationMissing,
+)
 from handlers.systemone import JevHTTPError, JevTimeout, SystemOneClient
 from projections.jev import JevError, build_request
 from projections.redaction import email_domain
@@ -72,6 +80,10 @@ class _BadCommand(Exception):
 class _MalformedPage(Exception):
     """A message page that could not be read as messages (behavior.md §10.2: the whole page fails)."""
 
+    def __init__(self, status: int | None = None) -> None:
+        super().__init__("a message page could not be read")
+        self.status = status
+
 
 def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -93,6 +105,16 @@ def conversation_view(conversation: Conversation) -> ConversationView:
     )
 
 
+async def _page(chatwoot: ChatwootClient, account: int, conversation: int, before: int | None) -> list[Message]:
+    """One message page; a page Chatwoot answered but that cannot be read is a malformed page (Decisions 9)."""
+    try:
+        return (await chatwoot.list_messages(account, conversation, before)).payload
+    except ChatwootForeignBot:
+        raise
+    except ChatwootInvalidResponse as exc:
+        raise _MalformedPage(exc.status) from None
+
+
 def _views(page: list[Message], name: str | None, email: str | None) -> list[MessageView]:
     """A page as views, incoming text redacted with the contact's identities."""
     try:
@@ -107,6 +129,8 @@ def classify(exc: Exception) -> EffectError:
         return EffectError(kind="missing", status=404, reason=str(exc))
     if isinstance(exc, ChatwootTimeout | JevTimeout):
         return EffectError(kind="timeout", reason=str(exc))
+    if isinstance(exc, ChatwootForeignBot):
+        return EffectError(kind="failed", status=exc.status, reason=str(exc), code="foreign_bot")
     if isinstance(exc, ChatwootError):
         return EffectError(kind="failed", status=exc.status, reason=str(exc))
     if isinstance(exc, JevHTTPError):
@@ -114,7 +138,9 @@ def classify(exc: Exception) -> EffectError:
     if isinstance(exc, JevError):
         return EffectError(kind="failed", reason=str(exc))
     if isinstance(exc, _MalformedPage):
-        return EffectError(kind="failed", reason="a message page could not be read")
+        return EffectError(
+            kind="failed", status=exc.status, reason="a message page could not be read", code="malformed_page"
+        )
     if isinstance(exc, _BadCommand):
         return EffectError(kind="failed", reason=str(exc))
     # Anything else is a bug here; its text might quote data, so only its type is reported.
@@ -306,8 +332,7 @@ class EffectExecutor:
         if isinstance(p, ScanReplyHistory):
             scan = ReplyHistoryScan(p.bot_id)
             while (request := scan.next_request()) is not None:
-                page = await chatwoot.list_messages(account, conversation, request.before)
-                scan.feed(_views(page.payload, None, None))
+                scan.feed(_views(await _page(chatwoot, account, conversation, request.before), None, None))
             return ReplyHistoryResult(found=scan.result())
         if isinstance(p, SetLabels):
             await chatwoot.set_labels(account, conversation, list(p.labels))
@@ -340,8 +365,7 @@ class EffectExecutor:
         email = contact.email if contact is not None else None
         pager = TurnPager()
         while (request := pager.next_request()) is not None:
-            page = await chatwoot.list_messages(account, conversation, request.before)
-            pager.feed(_views(page.payload, name, email))
+            pager.feed(_views(await _page(chatwoot, account, conversation, request.before), name, email))
         return pager.result()
 
 

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from schemas.records import EffectOutcome, TurnOutcome
 
+STUCK_AFTER_FAILURES = 3
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -62,9 +63,21 @@ class WorkerMetrics:
         self.sweeps_requested = Counter(
             "router_sweeps_requested_total", "sweep requests written by the leader", registry=r
         )
+        self.stuck = Gauge(
+            "router_stuck_conversations",
+            "conversations on this worker whose last three or more runs failed in a row, by last reason "
+            "(Decisions 9: e.g. an inbox linked to another account's bot, a malformed message page)",
+            ["reason"],
+            registry=r,
+        )
+        self._stuck: dict[str, str] = {}
         self.consumer_lag = Gauge(
             "router_consumer_lag", "records not yet consumed, summed over owned partitions", ["topic"], registry=r
         )
+
+    def stuck_keys(self) -> dict[str, str]:
+        """The conversations currently counted as stuck, with their last failure reason."""
+        return dict(self._stuck)
 
     def count_outcome(self, outcome: EffectOutcome, seconds: float) -> None:
         self.outcomes.labels(outcome.op, outcome_class(outcome)).inc()
@@ -76,6 +89,21 @@ class WorkerMetrics:
         self.turns.labels(outcome.result).inc()
         if outcome.result == "handed_off":
             self.handoffs.labels(outcome.reason or "unspecified").inc()
+        self._track_stuck(outcome)
+
+    def _track_stuck(self, outcome: TurnOutcome) -> None:
+        """A conversation is stuck while its runs keep failing (three or more in a row); any other end frees it."""
+        before = self._stuck.get(outcome.key)
+        if outcome.result == "retry" and (outcome.failures or 0) >= STUCK_AFTER_FAILURES:
+            self._stuck[outcome.key] = outcome.reason or "unspecified"
+        elif outcome.result != "deferred":
+            self._stuck.pop(outcome.key, None)
+        after = self._stuck.get(outcome.key)
+        if before != after:
+            if before is not None:
+                self.stuck.labels(before).dec()
+            if after is not None:
+                self.stuck.labels(after).inc()
 
     def set_lag(self, lag_by_topic: Callable[[], dict[str, int]]) -> None:
         """Refresh the lag gauges from a callable (called at scrape time by the /metrics view)."""

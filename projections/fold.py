@@ -306,6 +306,8 @@ class _Folder:
             return False
         if o.error is not None and o.error.kind == "missing" and drop_on_missing:
             self.drop()
+        elif o.error is not None and o.error.code is not None:
+            self.fail(o.error.code)  # a cause someone must fix (Decisions 9): named, so operators can find it
         else:
             what = o.error.kind if o.error is not None else "no_result"
             status = f"_{o.error.status}" if o.error is not None and o.error.status is not None else ""
@@ -351,7 +353,7 @@ class _Folder:
             assert isinstance(o.result, InboxBotResult)
             bot = o.result
             if bot.bot_id is not None and bot.bot_account_id != self.account:
-                self.fail("inbox_bot_of_another_account")
+                self.fail("foreign_bot")
                 return
             linked = bot.bot_id == self.bot_id
         current = self.r.current

@@ -366,6 +366,11 @@ class EffectError(_View):
     )
     status: int | None = None
     reason: str | None = Field(default=None, description="short safe text, never a body")
+    code: Literal["foreign_bot", "malformed_page"] | None = Field(
+        default=None,
+        description="a cause that keeps a conversation failing until someone fixes it (Decisions 9): the inbox "
+        "is linked to a system bot or another account's bot, or a message page cannot be read",
+    )
 
 
 class EffectOutcome(Record):

@@ -202,6 +202,13 @@ class WorkerApp:
                 worker.metrics.set_lag(worker.consumer_lag)
                 return self.bytes(worker.metrics.render(), content_type="text/plain; version=0.0.4")
 
+        @app.page("/stuck")
+        class Stuck(View):
+            """Conversations whose runs keep failing (Decisions 9), with their last reason."""
+
+            async def get(self, request: Request) -> Response:
+                return self.json({"stuck": worker.metrics.stuck_keys()})
+
         app.on_before_shutdown.connect(cast(Any, self._on_shutdown))
 
     async def _on_shutdown(self, sender: Any, *args: Any, signal: Any = None, **kwargs: Any) -> None:

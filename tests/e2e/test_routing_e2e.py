@@ -255,3 +255,19 @@ def test_the_event_log_never_holds_contact_identities_or_raw_text(e2e: Stack, ka
     for value in mine:
         for private in ("Grace", "Hopperfield", "grace.h@navy.example", "555 0100 200", secret_text):
             assert private not in value
+
+
+def test_an_inbox_linked_to_another_accounts_bot_is_listed_as_stuck(e2e: Stack) -> None:
+    # Decisions 9: the snapshot cannot proceed, so the conversation keeps failing; operators see it listed
+    conversation = e2e.new_conversation(account=2, inbox=INBOX_2)
+    e2e.fault(op="get_inbox_bot", mode="respond", body={"agent_bot": {"id": 5, "account_id": 1}}, times=None)
+    e2e.customer_says(2, conversation, "My device is broken, technical support please")
+    stuck = wait_until(
+        "the conversation to be listed as stuck",
+        lambda: e2e.http.get(f"http://127.0.0.1:{e2e.web_port}/stuck").json()["stuck"].get(f"2:{conversation}"),
+        30,
+    )
+    assert stuck == "foreign_bot"
+    assert 'router_stuck_conversations{reason="foreign_bot"}' in e2e.metrics()
+    assert e2e.conversation(2, conversation)["status"] == "pending"  # left alone, never routed blindly
+    e2e.clear_faults()

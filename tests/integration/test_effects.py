@@ -163,6 +163,7 @@ async def test_a_foreign_inbox_bot_fails_with_a_clear_reason(executor: EffectExe
     assert outcome.result is None and outcome.error is not None
     assert outcome.error.kind == "failed"
     assert outcome.error.reason is not None and "does not belong to the account" in outcome.error.reason
+    assert outcome.error.code == "foreign_bot"  # named, so the stuck conversation can be listed (Decisions 9)
 
 
 async def test_a_three_page_turn_read_costs_four_requests_and_redacts_the_contact(
@@ -205,6 +206,7 @@ async def test_a_malformed_message_page_fails_the_turn_read(sandbox: Sandbox, ex
     outcome = await executor.execute(command(ReadTurn(), conv))
     assert outcome.result is None and outcome.error is not None
     assert (outcome.error.kind, outcome.error.status, outcome.requests) == ("failed", 200, 2)
+    assert outcome.error.code == "malformed_page"
 
 
 async def test_reply_history_finds_our_reply_or_reports_none(sandbox: Sandbox, executor: EffectExecutor) -> None:

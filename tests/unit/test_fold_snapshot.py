@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.records import WebhookReceived
+from schemas.records import EffectError, WebhookReceived
 from tests.unit.test_fold_driver import ACCOUNT, BOT, CONV, T0, Driver, FakeChatwoot, incoming
 
 
@@ -95,7 +95,7 @@ def test_bot_of_another_account_is_a_failure_that_retries() -> None:
     d = conv()
     d.chatwoot.inbox_bot = (BOT, None)  # a system bot
     d.webhook()
-    assert d.last().result == "retry" and d.last().reason == "inbox_bot_of_another_account"
+    assert d.last().result == "retry" and d.last().reason == "foreign_bot"
     assert d.wakeup == T0 + 5000
 
 
@@ -136,3 +136,12 @@ def test_unrouted_account_is_ignored() -> None:
     d = conv()
     d.send(WebhookReceived(at_ms=T0, account_id=3, conversation_id=CONV, event="message_created"))
     assert d.state.job is None and d.commands == []
+
+
+def test_a_failure_with_a_named_cause_is_retried_under_that_name() -> None:
+    # Decisions 9: the executor names causes that keep failing until fixed, so operators can list them
+    d = Driver()
+    d.chatwoot.messages = [incoming(1, "I was charged twice")]
+    d.chatwoot.errors["read_turn"] = [EffectError(kind="failed", code="malformed_page")]
+    d.webhook()
+    assert d.last().result == "retry" and d.last().reason == "malformed_page"
