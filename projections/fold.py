@@ -38,6 +38,7 @@ from schemas.records import (
     CannedResult,
     CommandParams,
     ConversationResult,
+    ConversationView,
     CreateMessage,
     CreateMessageResult,
     Decide,
@@ -320,14 +321,20 @@ class _Folder:
         self.set_run(purpose=purpose)
         self.issue(GetConversation(), "snapshot")
 
-    def on_snapshot(self, o: EffectOutcome) -> None:
+    def conversation_read(self, o: EffectOutcome) -> ConversationView | None:
+        """The conversation a get_conversation outcome read; None when the run ended (missing or failed)."""
         if o.error is not None and o.error.kind == "missing":
             self.complete("nothing", reason="conversation_missing")
-            return
+            return None
         if self.failed(o, drop_on_missing=False):
-            return
+            return None
         assert isinstance(o.result, ConversationResult)
-        c = o.result.conversation
+        return o.result.conversation
+
+    def on_snapshot(self, o: EffectOutcome) -> None:
+        c = self.conversation_read(o)
+        if c is None:
+            return
         if c.inbox_id is None or (self.r.inbox_id is not None and c.inbox_id != self.r.inbox_id):
             self.complete("nothing", reason="inbox_changed")
             return
@@ -371,13 +378,9 @@ class _Folder:
         self.issue(ReadTurn(), "turn")
 
     def on_disconnect_read(self, o: EffectOutcome) -> None:
-        if o.error is not None and o.error.kind == "missing":
-            self.complete("nothing", reason="conversation_missing")
+        c = self.conversation_read(o)
+        if c is None:
             return
-        if self.failed(o, drop_on_missing=False):
-            return
-        assert isinstance(o.result, ConversationResult)
-        c = o.result.conversation
         if c.status == "pending" and c.inbox_id == self.r.inbox_id and owns(c, self.bot_id):
             self.issue(ToggleStatus(status="open"), "disconnect_toggle")
         else:

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ from handlers.demo_report import render
 from handlers.processes import ChildFailed, Supervisor
 from projections.audit import describe_outcome
 from schemas.config import ConfigError, parse_config
-from streams.kafka_local import KafkaLaunchError, broker_answers, ensure_jars
+from streams.kafka_local import KafkaLaunchError, broker_answers, ensure_jars, port_in_use
 
 RETRY_BASE_MS = 500
 SWEEP_INTERVAL_S = 20
@@ -59,23 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker-port", type=int, default=6066, help="worker web port (default 6066)")
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def _check_ports(args: argparse.Namespace, external_kafka: bool) -> None:
     wanted = {"--sandbox-port": args.sandbox_port, "--ingress-port": args.ingress_port}
     wanted["--worker-port"] = args.worker_port
     if not external_kafka:
         wanted["--kafka-port"] = args.kafka_port
     for option, port in wanted.items():
-        if not _port_free(port):
+        if port_in_use(port):
             raise DemoError(
                 f"port {port} is already in use on 127.0.0.1: stop what uses it, or pick another with {option} PORT"
             )

@@ -61,7 +61,7 @@ def ensure_jars(version: str = KAFKA_VERSION, *, quiet: bool = False) -> Path:
         (staging / "pom.xml").write_text(pom_text.replace("@KAFKA_VERSION@", version), encoding="utf-8")
         if not quiet:
             print(f"resolving Apache Kafka {version} from Maven Central (first start only)…", file=sys.stderr)
-        result = subprocess.run(
+        _run_or_fail(
             [
                 mvn,
                 "-q",
@@ -70,14 +70,9 @@ def ensure_jars(version: str = KAFKA_VERSION, *, quiet: bool = False) -> Path:
                 "-DincludeScope=runtime",
                 f"-DoutputDirectory={staging / 'lib'}",
             ],
+            f"Maven could not resolve Apache Kafka {version}",
             cwd=staging,
-            capture_output=True,
-            text=True,
-            check=False,
         )
-        if result.returncode != 0:
-            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
-            raise KafkaLaunchError(f"Maven could not resolve Apache Kafka {version}:\n{tail}")
         if lib.exists():
             shutil.rmtree(lib)
         (staging / "lib").rename(lib)
@@ -100,7 +95,8 @@ def free_port() -> int:
         return port
 
 
-def _port_in_use(port: int) -> bool:
+def port_in_use(port: int) -> bool:
+    """Whether something already listens on 127.0.0.1:`port`."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -204,16 +200,19 @@ def _java_command(lib: Path, config_dir: Path, log_file: Path) -> list[str]:
     ]
 
 
-def _format_storage(base: list[str], properties: Path, cluster_id: str, log_file: Path) -> None:
-    result = subprocess.run(
+def _format_storage(base: list[str], properties: Path, cluster_id: str) -> None:
+    _run_or_fail(
         [*base, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties), "--ignore-formatted"],
-        capture_output=True,
-        text=True,
-        check=False,
+        "formatting the KRaft storage failed",
     )
+
+
+def _run_or_fail(command: list[str], failure: str, cwd: Path | None = None) -> None:
+    """Run a tool to completion; on failure raise KafkaLaunchError with the tail of its output."""
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-10:])
-        raise KafkaLaunchError(f"formatting the KRaft storage failed:\n{tail}")
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+        raise KafkaLaunchError(f"{failure}:\n{tail}")
 
 
 def broker_answers(bootstrap: str, timeout: float = 5.0) -> bool:
@@ -246,7 +245,7 @@ def start_broker(
 ) -> LocalKafka:
     """Start a broker (formatting `data_dir` on first use) and return once clients can connect."""
     port = port or free_port()
-    if _port_in_use(port):
+    if port_in_use(port):
         raise KafkaLaunchError(
             f"port {port} is already in use on 127.0.0.1: stop what uses it or pass --port with another port"
         )
@@ -267,7 +266,7 @@ def start_broker(
     cluster_file = data_dir / "cluster.id"
     if not cluster_file.exists():
         cluster_file.write_text(_cluster_id(), encoding="utf-8")
-    _format_storage(base, properties, cluster_file.read_text(encoding="utf-8"), log_file)
+    _format_storage(base, properties, cluster_file.read_text(encoding="utf-8"))
     with (data_dir / "broker.stderr").open("wb") as stderr:
         process = subprocess.Popen(
             [*base, "kafka.Kafka", str(properties)],
