@@ -112,6 +112,7 @@ class WorkerApp:
         self.config = settings.config
         self.env = env
         self.now_ms = now_ms
+        self.started_ms = now_ms()
         self.metrics = metrics or WorkerMetrics()
         self.executor = executor if executor is not None else EffectExecutor(settings)
         self.lanes = lanes or Lanes()
@@ -314,7 +315,8 @@ class WorkerApp:
             await self.app.producer.flush()  # the ledger entry is durable before the reply may be sent
         await self._send_commands(result.commands)
         run = result.state.run
-        self.set_timer(partition, key, result.wakeup_ms, waiting=run is not None and run.pending is not None)
+        since = run.pending.at_ms if run is not None and run.pending is not None else None
+        self.set_timer(partition, key, result.wakeup_ms, waiting_since=since)
         for outcome in result.outcomes:
             self.report_turn(outcome)
 
@@ -378,14 +380,14 @@ class WorkerApp:
 
     # --- timers ------------------------------------------------------------------------------------------
 
-    def set_timer(self, partition: int, key: str, due_ms: int | None, *, waiting: bool = False) -> None:
+    def set_timer(self, partition: int, key: str, due_ms: int | None, *, waiting_since: int | None = None) -> None:
         """Record the key's next due time in the table (inside an agent) and in the in-memory index.
 
-        `waiting` marks a conversation whose run waits for an effect's outcome: a worker that takes the
-        partition over resumes it at once instead of waiting for the command's deadline.
+        `waiting_since` is when the command a run waits for was issued: a worker process started after that
+        resumes the run at once when it takes the partition, instead of waiting for the command's deadline.
         """
         stored = self.timers.get(key)
-        entry = None if due_ms is None else {"due": due_ms, "p": partition, "waiting": waiting}
+        entry = None if due_ms is None else {"due": due_ms, "p": partition, "waiting_since": waiting_since}
         if entry != stored:
             if entry is None:
                 del self.timers[key]
@@ -396,8 +398,9 @@ class WorkerApp:
     def _refresh_index(self) -> tuple[frozenset[int], list[tuple[str, int]]]:
         """Rebuild the index from the table after each rebalance (partitions moved, state recovered).
 
-        Also returns the conversations of newly owned partitions whose run waits for an outcome: the command
-        may have died with the previous owner, so they are resumed now rather than at their deadline.
+        Also returns the conversations of newly owned partitions whose run waits for an outcome issued before
+        this process started: the command may have died with its issuer, so they are resumed now rather than
+        at their deadline.
         """
         generation = self.app.consumer_generation_id
         owned = self.owned_partitions()
@@ -409,7 +412,9 @@ class WorkerApp:
                 key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
                 if isinstance(value, dict) and value.get("p") in owned:
                     entries.append((int(value["p"]), key, int(value["due"])))
-                    if value.get("waiting") and value["p"] in new and is_conversation_key(key):
+                    since = value.get("waiting_since")
+                    # only what an earlier process issued: this process's own commands are still in its lanes
+                    if since is not None and since < self.started_ms and value["p"] in new and is_conversation_key(key):
                         resume.append((key, int(value["due"])))
             self.index.rebuild(entries)
             self._index_generation, self._index_partitions = generation, owned
