@@ -18,18 +18,15 @@ from typing import Any
 import httpx
 import yaml
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from pydantic import TypeAdapter, ValidationError
 
 from handlers.log_reader import topic_partitions
-from projections.audit import ConversationTrail
+from projections.audit import ConversationTrail, LogReplay
 from schemas.config import RouterConfig
-from schemas.records import ConversationEvent, TurnOutcome
+from schemas.records import TurnOutcome
 
 FINAL_RESULTS = ("assigned", "ended", "handed_off", "waited", "nothing", "dropped")
 # Outcomes that only confirm a turn already ended (the router's own status change coming back as a webhook).
 QUIET_RESULTS = ("nothing", "deferred", "retry")
-
-_EVENT = TypeAdapter(ConversationEvent)
 
 
 def load_bundled(name: str) -> Any:
@@ -43,11 +40,8 @@ class LogWatcher:
 
     def __init__(self, bootstrap: str, topic: str, config: RouterConfig, retry_base_ms: int) -> None:
         self.topic = topic
-        self.config = config
-        self.retry_base_ms = retry_base_ms
-        self.trails: dict[str, ConversationTrail] = {}
+        self.replay = LogReplay(config, retry_base_ms=retry_base_ms)
         self.positions: dict[int, int] = {}
-        self.undecodable = 0
         self._bootstrap = bootstrap
         self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
         self._task: asyncio.Task[None] | None = None
@@ -72,17 +66,8 @@ class LogWatcher:
             batches = await self._consumer.getmany(timeout_ms=200)
             for tp, records in batches.items():
                 for record in records:
-                    self._apply(record.value, record.offset)
+                    self.replay.feed(record.value, record.offset)
                     self.positions[tp.partition] = record.offset + 1
-
-    def _apply(self, value: bytes | None, offset: int) -> None:
-        try:
-            event = _EVENT.validate_json(value or b"")
-        except ValidationError:
-            self.undecodable += 1
-            return
-        trail = self.trails.setdefault(event.key, ConversationTrail(key=event.key))
-        trail.apply(event, offset, self.config, retry_base_ms=self.retry_base_ms)
 
     async def caught_up(self) -> bool:
         """True when everything on the topic right now has been replayed."""
@@ -90,7 +75,7 @@ class LogWatcher:
         return all(self.positions.get(tp.partition, 0) >= end for tp, end in ends.items())
 
     def trail(self, key: str) -> ConversationTrail:
-        return self.trails.get(key) or ConversationTrail(key=key)
+        return self.replay.trail(key)
 
 
 def main_outcome(outcomes: list[TurnOutcome]) -> TurnOutcome | None:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pydantic import TypeAdapter, ValidationError
+
 from projections.fold import DEFAULT_RETRY_BASE_MS, fold
 from projections.jev import Decision
 from schemas.config import RouterConfig
 from schemas.records import (
     Assign,
+    ConversationEvent,
     CreateMessage,
     Decide,
     DecideResult,
@@ -29,7 +32,7 @@ from schemas.records import (
 )
 from schemas.state import ConversationState
 
-ConversationEvent = WebhookReceived | SweepFound | EffectOutcome | TimerFired
+_EVENT: TypeAdapter[ConversationEvent] = TypeAdapter(ConversationEvent)
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ class ConversationTrail:
 
     def apply(
         self,
-        event: ConversationEvent,
+        event: WebhookReceived | SweepFound | EffectOutcome | TimerFired,
         offset: int,
         config: RouterConfig,
         *,
@@ -77,7 +80,7 @@ class ConversationTrail:
             self.entries.append(TrailEntry(outcome.at_ms, "turn ended", describe_outcome(outcome)))
         return result.outcomes
 
-    def _describe_event(self, event: ConversationEvent) -> None:
+    def _describe_event(self, event: WebhookReceived | SweepFound | EffectOutcome | TimerFired) -> None:
         if isinstance(event, WebhookReceived):
             detail = event.event
             if event.transition is not None:
@@ -119,6 +122,29 @@ class ConversationTrail:
             self.replies_sent += 1
             detail = "canned reply"
         self.entries.append(TrailEntry(command.at_ms, f"→ {params.op}", detail))
+
+
+class LogReplay:
+    """Every conversation's trail, rebuilt from the raw records of `<app>.conversations` in offset order."""
+
+    def __init__(self, config: RouterConfig, *, retry_base_ms: int = DEFAULT_RETRY_BASE_MS) -> None:
+        self.config = config
+        self.retry_base_ms = retry_base_ms
+        self.trails: dict[str, ConversationTrail] = {}
+        self.undecodable = 0
+
+    def feed(self, value: bytes | None, offset: int) -> None:
+        """Apply one record; one that is not a conversation event is counted, as the worker dead-letters it."""
+        try:
+            event = _EVENT.validate_json(value or b"")
+        except ValidationError:
+            self.undecodable += 1
+            return
+        trail = self.trails.setdefault(event.key, ConversationTrail(key=event.key))
+        trail.apply(event, offset, self.config, retry_base_ms=self.retry_base_ms)
+
+    def trail(self, key: str) -> ConversationTrail:
+        return self.trails.get(key) or ConversationTrail(key=key)
 
 
 def describe_decision(d: Decision) -> str:

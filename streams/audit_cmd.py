@@ -20,23 +20,23 @@ import sys
 from pathlib import Path
 
 from aiokafka import ConsumerRecord
-from pydantic import TypeAdapter, ValidationError
 
 from handlers.log_reader import read_topic
-from projections.audit import ConversationTrail, render_text
+from projections.audit import ConversationTrail, LogReplay, render_text
 from projections.fold import DEFAULT_RETRY_BASE_MS
 from schemas.config import ConfigError, RouterConfig, load_config_file
-from schemas.records import ConversationEvent
 from schemas.state import ConversationState
 
-_EVENT = TypeAdapter(ConversationEvent)
 STATE_TABLE = "conversation_state"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--conversation", metavar="ACCOUNT:CONVERSATION", help="print this conversation's timeline")
-    what.add_argument("--verify", action="store_true", help="compare replayed states with the live table")
+    parser.add_argument("--conversation", metavar="ACCOUNT:CONVERSATION", help="print this conversation's timeline")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare replayed states with the live table (only --conversation's, when given)",
+    )
     parser.add_argument("--html", type=Path, metavar="FILE", help="also write the timeline as HTML")
     parser.add_argument("--config", help="configuration file (default $ROUTER_CONFIG)")
 
@@ -54,25 +54,16 @@ def _progress(count: int, rate: float) -> None:
 
 async def replay_all(
     bootstrap: str, topic: str, config: RouterConfig, retry_base_ms: int, only_key: str | None = None
-) -> tuple[dict[str, ConversationTrail], int]:
-    """Every conversation's trail rebuilt from the topic; returns the trails and the undecodable count."""
-    trails: dict[str, ConversationTrail] = {}
-    undecodable = 0
+) -> LogReplay:
+    """Every conversation's trail (or only `only_key`'s) rebuilt from the topic."""
+    replay = LogReplay(config, retry_base_ms=retry_base_ms)
 
     def apply(record: ConsumerRecord[bytes, bytes]) -> None:
-        nonlocal undecodable
-        if only_key is not None and record.key != only_key.encode():
-            return
-        try:
-            event = _EVENT.validate_json(record.value or b"")
-        except ValidationError:
-            undecodable += 1
-            return
-        trail = trails.setdefault(event.key, ConversationTrail(key=event.key))
-        trail.apply(event, record.offset, config, retry_base_ms=retry_base_ms)
+        if only_key is None or record.key == only_key.encode():
+            replay.feed(record.value, record.offset)
 
     await read_topic(bootstrap, topic, apply, progress=_progress)
-    return trails, undecodable
+    return replay
 
 
 def render_html(trail: ConversationTrail) -> str:
@@ -132,19 +123,27 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 2
+    if not (args.conversation or args.verify):
+        print("chatwoot-router audit: give --conversation ACCOUNT:CONVERSATION, --verify, or both", file=sys.stderr)
+        return 2
     bootstrap, app_id, retry_base = _settings()
     topic = f"{app_id}.conversations"
-    if args.conversation:
-        trails, _ = asyncio.run(replay_all(bootstrap, topic, config, retry_base, only_key=args.conversation))
-        trail = trails.get(args.conversation) or ConversationTrail(key=args.conversation)
+    if args.conversation and not args.verify:
+        replay = asyncio.run(replay_all(bootstrap, topic, config, retry_base, only_key=args.conversation))
+        trail = replay.trail(args.conversation)
         print(render_text(trail), end="")
         if args.html:
             args.html.write_text(render_html(trail), encoding="utf-8")
         return 0
-    trails, undecodable = asyncio.run(replay_all(bootstrap, topic, config, retry_base))
+    replay = asyncio.run(replay_all(bootstrap, topic, config, retry_base, only_key=args.conversation))
     live = asyncio.run(read_live_states(bootstrap, app_id))
-    problems = diff_states({k: t.state for k, t in trails.items()}, live)
+    if args.conversation:
+        live = {k: v for k, v in live.items() if k == args.conversation}
+    problems = diff_states({k: t.state for k, t in replay.trails.items()}, live)
     for line in problems:
         print(line)
-    print(f"{len(trails)} conversations replayed, {undecodable} undecodable records, {len(problems)} differences")
+    print(
+        f"{len(replay.trails)} conversations replayed, {replay.undecodable} undecodable records, "
+        f"{len(problems)} differences"
+    )
     return 1 if problems else 0

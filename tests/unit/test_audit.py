@@ -61,3 +61,19 @@ def test_verify_reports_every_key_whose_replayed_state_differs_from_the_live_tab
     ]
     assert diff_states(replayed, dict(replayed)) == []
     assert _table_key(b'"1:2"') == "1:2" and _table_key(b"1:2") == "1:2"
+
+
+def test_log_replay_counts_records_that_are_not_conversation_events() -> None:
+    from projections.audit import LogReplay
+
+    driver = Driver()
+    driver.chatwoot.messages = [incoming(1, "I was charged twice for my invoice")]
+    driver.webhook()
+    replay = LogReplay(driver.config, retry_base_ms=driver.retry_base_ms)
+    replay.feed(b"not json", 0)
+    replay.feed(b'{"type": "something_else", "at_ms": 1}', 0)
+    for offset, event in driver.log:
+        replay.feed(event.model_dump_json().encode(), offset)
+    assert replay.undecodable == 2
+    assert list(replay.trails) == ["1:2"] and replay.trail("1:2").state == driver.state
+    assert replay.trail("9:9").events == 0
