@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -112,7 +113,7 @@ class WorkerApp:
         self.config = settings.config
         self.env = env
         self.now_ms = now_ms
-        self.started_ms = now_ms()
+        self.instance_id = uuid.uuid4().hex  # tells this process's commands from those of a dead or departed one
         self.metrics = metrics or WorkerMetrics()
         self.executor = executor if executor is not None else EffectExecutor(settings)
         self.lanes = lanes or Lanes()
@@ -315,8 +316,7 @@ class WorkerApp:
             await self.app.producer.flush()  # the ledger entry is durable before the reply may be sent
         await self._send_commands(result.commands)
         run = result.state.run
-        since = run.pending.at_ms if run is not None and run.pending is not None else None
-        self.set_timer(partition, key, result.wakeup_ms, waiting_since=since)
+        self.set_timer(partition, key, result.wakeup_ms, waiting=run is not None and run.pending is not None)
         for outcome in result.outcomes:
             self.report_turn(outcome)
 
@@ -380,14 +380,15 @@ class WorkerApp:
 
     # --- timers ------------------------------------------------------------------------------------------
 
-    def set_timer(self, partition: int, key: str, due_ms: int | None, *, waiting_since: int | None = None) -> None:
+    def set_timer(self, partition: int, key: str, due_ms: int | None, *, waiting: bool = False) -> None:
         """Record the key's next due time in the table (inside an agent) and in the in-memory index.
 
-        `waiting_since` is when the command a run waits for was issued: a worker process started after that
-        resumes the run at once when it takes the partition, instead of waiting for the command's deadline.
+        A run that waits for an effect's outcome is marked with this process's id: another process that takes
+        the partition over resumes it at once instead of waiting for the command's deadline.
         """
         stored = self.timers.get(key)
-        entry = None if due_ms is None else {"due": due_ms, "p": partition, "waiting_since": waiting_since}
+        by = self.instance_id if waiting else None
+        entry = None if due_ms is None else {"due": due_ms, "p": partition, "waiting_by": by}
         if entry != stored:
             if entry is None:
                 del self.timers[key]
@@ -398,9 +399,9 @@ class WorkerApp:
     def _refresh_index(self) -> tuple[frozenset[int], list[tuple[str, int]]]:
         """Rebuild the index from the table after each rebalance (partitions moved, state recovered).
 
-        Also returns the conversations of newly owned partitions whose run waits for an outcome issued before
-        this process started: the command may have died with its issuer, so they are resumed now rather than
-        at their deadline.
+        Also returns the conversations of newly owned partitions whose run waits for an outcome of a command
+        another process issued: it may have died with that process, so they are resumed now rather than at
+        their deadline.
         """
         generation = self.app.consumer_generation_id
         owned = self.owned_partitions()
@@ -412,9 +413,9 @@ class WorkerApp:
                 key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
                 if isinstance(value, dict) and value.get("p") in owned:
                     entries.append((int(value["p"]), key, int(value["due"])))
-                    since = value.get("waiting_since")
-                    # only what an earlier process issued: this process's own commands are still in its lanes
-                    if since is not None and since < self.started_ms and value["p"] in new and is_conversation_key(key):
+                    by = value.get("waiting_by")
+                    # only what another process issued: this process's own commands are still in its lanes
+                    if by not in (None, self.instance_id) and value["p"] in new and is_conversation_key(key):
                         resume.append((key, int(value["due"])))
             self.index.rebuild(entries)
             self._index_generation, self._index_partitions = generation, owned

@@ -2,9 +2,9 @@
 
 After a restart every conversation still ends routed or handed off, no canned reply is sent twice, and
 re-folding `<app>.conversations` from the start with the same fold gives exactly the live table's states
-(read from the table's changelog). The restarted worker resumes every run that was waiting for an effect at once
-(`TimerFired(resume=True)`), so only a reply command lost before it reached Kafka waits for its deadline
-(90 s, then the unconfirmed-reply handoff of behavior.md §9.7).
+(read from the table's changelog). The restarted worker resumes at once every run waiting on a command the killed
+process issued (`TimerFired(resume=True)`), so only a reply command lost before it reached Kafka waits for its
+deadline (90 s, then the unconfirmed-reply handoff of behavior.md §9.7).
 """
 
 from __future__ import annotations
