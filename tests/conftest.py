@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -48,6 +49,24 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     with running_broker(data_dir=tmp_path_factory.mktemp("kafka")) as broker:
         yield broker.bootstrap
+
+
+def router_env(config: Path, bootstrap: str, app_id: str, **extra: str) -> dict[str, str]:
+    """The environment of a router subprocess (ingress, worker) for routed account 3, free of the caller's own
+    ROUTER_/CHATWOOT_/TYPESAFE_ variables; `extra` adds or overrides variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROUTER_", "CHATWOOT_", "TYPESAFE_"))}
+    env.update(
+        ROUTER_CONFIG=str(config),
+        KAFKA_BOOTSTRAP_SERVERS=bootstrap,
+        ROUTER_APP_ID=app_id,
+        ROUTER_PARTITIONS="2",
+        CHATWOOT_TOKEN="user-token",
+        CHATWOOT_AGENT_BOT_TOKENS='{"3":"bot-token"}',
+        CHATWOOT_AGENT_BOT_SECRETS='{"3":"whsec-three"}',
+        TYPESAFE_API_KEY="tsk",
+    )
+    env.update(extra)
+    return env
 
 
 @pytest.fixture

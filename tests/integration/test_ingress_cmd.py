@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 from aiohttp import ClientSession
 
 from projections.webhook import sign
+from tests.conftest import router_env
 from tests.integration.test_ingress import read_topic
 
 pytestmark = pytest.mark.integration
@@ -26,19 +26,7 @@ CONFIG = {
 
 
 def environment(config: Path, bootstrap: str, app_id: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROUTER_", "CHATWOOT_", "TYPESAFE_"))}
-    env.update(
-        ROUTER_CONFIG=str(config),
-        KAFKA_BOOTSTRAP_SERVERS=bootstrap,
-        ROUTER_APP_ID=app_id,
-        ROUTER_PARTITIONS="2",
-        CHATWOOT_TOKEN="user-token",
-        CHATWOOT_AGENT_BOT_TOKENS='{"3":"bot-token"}',
-        CHATWOOT_AGENT_BOT_SECRETS='{"3":"whsec-three"}',
-        TYPESAFE_API_KEY="tsk",
-    )
-    env.update(extra)
-    return env
+    return router_env(config, bootstrap, app_id, **extra)
 
 
 def write_config(tmp_path: Path, document: dict[str, Any]) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas.records import WebhookReceived
 from streams.kafka_local import free_port
+from tests.conftest import router_env
 
 pytestmark = pytest.mark.integration
 
@@ -34,21 +34,8 @@ CONFIG = {
 def environment(tmp_path: Path, bootstrap: str, app_id: str, config: dict[str, Any], **extra: str) -> dict[str, str]:
     path = tmp_path / "router.json"
     path.write_text(json.dumps(config))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROUTER_", "CHATWOOT_", "TYPESAFE_"))}
-    env.update(
-        ROUTER_CONFIG=str(path),
-        KAFKA_BOOTSTRAP_SERVERS=bootstrap,
-        ROUTER_APP_ID=app_id,
-        ROUTER_PARTITIONS="2",
-        ROUTER_DATA_DIR=str(tmp_path / "state"),
-        ROUTER_RETRY_BASE_MS="100000",
-        CHATWOOT_TOKEN="user-token",
-        CHATWOOT_AGENT_BOT_TOKENS='{"3":"bot-token"}',
-        CHATWOOT_AGENT_BOT_SECRETS='{"3":"whsec"}',
-        TYPESAFE_API_KEY="tsk",
-    )
-    env.update(extra)
-    return env
+    defaults = {"ROUTER_DATA_DIR": str(tmp_path / "state"), "ROUTER_RETRY_BASE_MS": "100000"}
+    return router_env(path, bootstrap, app_id, **{**defaults, **extra})
 
 
 def worker_command(port: int) -> list[str]:
