@@ -56,6 +56,30 @@ class WorkerMetrics:
         self.runs_resumed = Counter(
             "router_runs_resumed_total", "runs resumed at once after their partition moved here", registry=r
         )
+        self.commands_dropped = Counter(
+            "router_effect_commands_dropped_total",
+            "commands consumed but not executed: stale (the run moved on) or redelivered (already started)",
+            ["op", "reason"],
+            registry=r,
+        )
+        self.records_skipped = Counter(
+            "router_records_skipped_total",
+            "records delivered again after they were folded, skipped",
+            ["topic"],
+            registry=r,
+        )
+        self.offset_gaps = Counter(
+            "router_offset_gaps_total",
+            "records handed over past the expected offset (a gap, then read)",
+            ["topic"],
+            registry=r,
+        )
+        self.gap_records = Counter(
+            "router_gap_records_total",
+            "records read past the consumer to fill a gap, then folded",
+            ["topic"],
+            registry=r,
+        )
         self.timers_pending = Gauge("router_timers_pending", "keys with a durable timer on this worker", registry=r)
         self.agent_errors = Counter(
             "router_agent_errors_total", "unexpected errors caught in agents", ["agent"], registry=r

@@ -15,9 +15,9 @@ applied (a crash between two tables' writes would otherwise leave them disagreei
 - `sweep_state` (key "acct:status" -> `SweepState`): §5's `sweep_cursor` plus the sweep job and its page.
 - `timers` (key -> {"due": ms, "p": partition}): the due-time index of §7, written by the agent that folds
   the key's topic; `projections.timer_index.TimerIndex` mirrors the owned partitions in memory.
-- `reply_attempts` (key "acct:conv" -> command id): written by the effect agent, and flushed to Kafka, before
-  a `create_message` is handed to the executor. The effect agent is at-least-once too: after a crash it may
-  consume the same command again, and then reports it `unconfirmed` instead of posting twice.
+- `effect_attempts` (key -> `projections.admission.Attempt`): the last command whose execution the effect
+  agent started for the key, written and flushed to Kafka before a mutation, a `decide` or a `create_message`
+  is handed to the executor (reads are not recorded).
 
 Agents: `router` (conversations, concurrency 1) folds events and emits commands; `effects` hands each
 command to `handlers.lanes.Lanes` (one lane per conversation, capped per account and globally) and acks as it
@@ -25,13 +25,16 @@ dispatches, each outcome going back to its key's topic; `sweeper` (sweeps, concu
 record that cannot be decoded or folded goes to `dlq` with headers and never stalls its partition.
 
 Failure points: a crash after a state write and before its commands are sent loses those commands; the
-fold's deadline timer re-issues reads and idempotent mutations, and a `create_message` is never re-issued
-(the state, with its ledger entry, is flushed to Kafka before that command is sent). A command consumed again
-after a crash of the effect agent is executed again (harmless for reads and idempotent mutations), except a
-`create_message` already attempted (`reply_attempts`), which comes back `unconfirmed`. A crash after commands
+fold's deadline timer (or the resume after a takeover) re-issues reads and idempotent mutations, and a
+`create_message` is never re-issued (the state, with its ledger entry, is flushed to Kafka before that command
+is sent). A command consumed again after a crash or a partition move runs only while its run still awaits that
+very copy and, unless it is a read, only if no execution of it was started before (`projections.admission`);
+otherwise it is dropped and counted, and a redelivered reply comes back `unconfirmed`. A crash after commands
 and before the offset commit redelivers the event; the state's offset turns it into a no-op that still
 re-writes the timer. A `TimerFired` lost in a crash is emitted again after restart, because the `timers`
-table still holds the due time.
+table still holds the due time. Every agent folds its partitions' records exactly in offset order: a record
+past the expected offset makes the missing ones be read and folded first (`projections.offsets`,
+docs/consumer-gaps.md).
 """
 
 from __future__ import annotations
@@ -44,12 +47,16 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import faust
+from aiokafka.errors import KafkaError
 from faust.web import Request, Response, View
 
 from handlers.effects import EffectExecutor
 from handlers.lanes import Lanes
+from handlers.partition_reader import FetchedRecord, PartitionReader, RangeNotRead
 from handlers.worker_metrics import WorkerMetrics
+from projections.admission import Attempt, admit, needs_attempt_record
 from projections.fold import fold
+from projections.offsets import OffsetTracker
 from projections.sweep import fold_sweep
 from projections.timer_index import TimerIndex
 from schemas.config import Settings
@@ -118,6 +125,8 @@ class WorkerApp:
         self.executor = executor if executor is not None else EffectExecutor(settings)
         self.lanes = lanes or Lanes()
         self.index = TimerIndex()
+        self.offsets = OffsetTracker()
+        self.reader = PartitionReader(env.bootstrap, env.app_id)
         fetch_latency.install()
         self._index_generation: int | None = None
         self._index_partitions: frozenset[int] = frozenset()
@@ -135,6 +144,12 @@ class WorkerApp:
             web_bind=web_host,
             web_port=web_port,
             web_in_thread=False,
+            # only the router's own views: Faust's table and router views would serve state over HTTP
+            web_router_enabled=False,
+            web_tables_enabled=False,
+            web_stats_enabled=False,
+            web_graph_enabled=False,
+            web_metrics_enabled=False,
             autodiscover=False,
             producer_acks=-1,
             # a worker killed without leaving the group holds its partitions until its session times out
@@ -158,7 +173,7 @@ class WorkerApp:
         self.states = self.app.Table("conversation_state", **table)
         self.sweep_states = self.app.Table("sweep_state", **table)
         self.timers = self.app.Table("timers", **table)
-        self.reply_attempts = self.app.Table("reply_attempts", **table)
+        self.effect_attempts = self.app.Table("effect_attempts", **table)
         self._wire()
 
     # --- wiring ------------------------------------------------------------------------------------------
@@ -169,17 +184,17 @@ class WorkerApp:
         @app.agent(self.conversations, name="router", concurrency=1)
         async def router(stream: Any) -> None:
             async for event in stream.events():
-                await self._guarded("router", event, self.handle_conversation_event)
+                await self._in_order("router", event, self.handle_conversation_event)
 
         @app.agent(self.effects, name="effects", concurrency=1)
         async def effects(stream: Any) -> None:
             async for event in stream.events():
-                await self._guarded("effects", event, self.dispatch_command)
+                await self._in_order("effects", event, self.dispatch_command)
 
         @app.agent(self.sweeps, name="sweeper", concurrency=1)
         async def sweeper(stream: Any) -> None:
             async for event in stream.events():
-                await self._guarded("sweeper", event, self.handle_sweep_event)
+                await self._in_order("sweeper", event, self.handle_sweep_event)
 
         @app.timer(TICK_S, name="timer_tick")
         async def timer_tick() -> None:
@@ -212,6 +227,7 @@ class WorkerApp:
                 return self.json({"stuck": worker.metrics.stuck_keys()})
 
         app.on_before_shutdown.connect(cast(Any, self._on_shutdown))
+        app.on_partitions_assigned.connect(cast(Any, self._on_assigned))
 
     async def _on_shutdown(self, sender: Any, *args: Any, signal: Any = None, **kwargs: Any) -> None:
         """Let running effects finish briefly (their outcomes still reach Kafka), then stop the rest."""
@@ -221,6 +237,7 @@ class WorkerApp:
             log.warning("effects still running at shutdown", extra={"pending": self.lanes.pending})
         await self.lanes.close()
         await self.executor.aclose()
+        await self.reader.close()
 
     # --- health ------------------------------------------------------------------------------------------
 
@@ -262,9 +279,70 @@ class WorkerApp:
             return lag
         return lag
 
+    # --- in-order delivery (DESIGN §6 "No record skipped") ------------------------------------------------
+
+    def _source_topics(self) -> set[str]:
+        return {t.get_topic_name() for t in (self.conversations, self.effects, self.sweeps)}
+
+    async def _on_assigned(self, sender: Any, assigned: Any, **kwargs: Any) -> None:
+        """A rebalance ended: learn where each owned source partition resumes (committed offset or log start)."""
+        sources = self._source_topics()
+        owned = [(tp.topic, tp.partition) for tp in assigned if tp.topic in sources]
+        try:
+            starts = await self.reader.resume_points(owned)
+        except Exception as exc:  # the first record of each partition then sets its start
+            log.warning("resume points unknown after assignment", extra={"error_type": type(exc).__name__})
+            starts = {}
+        self.offsets.assign(owned, starts)
+
+    async def _in_order(self, agent: str, event: Any, handler: Callable[[Any], Any]) -> None:
+        """Fold `event` exactly once and in offset order: skip what was folded, read and fold a gap first."""
+        message = event.message
+        tp = (message.topic, message.partition)
+        verdict, expected = self.offsets.check(tp, message.offset)
+        if verdict == "duplicate":
+            self.metrics.records_skipped.labels(message.topic).inc()
+            return
+        if verdict == "gap" and expected is not None:
+            await self._fill_gap(agent, tp, expected, message.offset, handler)
+        await self._guarded(agent, event, handler)
+        self.offsets.advance(tp, message.offset)
+
+    async def _fill_gap(
+        self, agent: str, tp: tuple[str, int], start: int, end: int, handler: Callable[[Any], Any]
+    ) -> None:
+        """Read offsets start..end-1 of `tp` past Faust's consumer and fold them in order (never ignored)."""
+        topic, partition = tp
+        log.warning(
+            "offset gap: reading the skipped records",
+            extra={"topic": topic, "partition": partition, "expected": start, "offset": end},
+        )
+        self.metrics.offset_gaps.labels(topic).inc()
+        attempt = 0
+        while True:  # never fold past a gap: the agent waits until the broker lets it read the records
+            try:
+                records = await self.reader.read_range(topic, partition, start, end)
+                break
+            except (RangeNotRead, KafkaError, OSError) as exc:
+                attempt += 1
+                log.error(
+                    "offset gap not read yet",
+                    extra={
+                        "topic": topic,
+                        "partition": partition,
+                        "attempt": attempt,
+                        "error_type": type(exc).__name__,
+                    },
+                )
+                await asyncio.sleep(min(0.5 * 2**attempt, 5.0))
+        for record in records:
+            await self._guarded(agent, record, handler)
+            self.offsets.advance(tp, record.message.offset)
+            self.metrics.gap_records.labels(topic).inc()
+
     # --- agents ------------------------------------------------------------------------------------------
 
-    async def _guarded(self, agent: str, event: Any, handler: Callable[[Any], Any]) -> None:
+    async def _guarded(self, agent: str, event: Any | FetchedRecord, handler: Callable[[Any], Any]) -> None:
         """Run one record's handler; anything that escapes sends the record to the DLQ (never stalls)."""
         message = event.message
         started = time.monotonic()
@@ -335,16 +413,35 @@ class WorkerApp:
             await self._send(self.conversations, found.key, found)
         self.set_timer(partition, key, result.wakeup_ms)
 
+    def awaited_command(self, key: str) -> EffectCommand | None:
+        """The command the key's run (or sweep page) waits for now, as the fold recorded it."""
+        stored = self.states.get(key) if is_conversation_key(key) else self.sweep_states.get(key)
+        if not isinstance(stored, dict):
+            return None
+        holder = stored.get("run") if is_conversation_key(key) else stored
+        pending = holder.get("pending") if isinstance(holder, dict) else None
+        return EffectCommand.model_validate(pending) if pending is not None else None
+
     async def dispatch_command(self, event: Any) -> None:
+        """Hand a command to its lane only while its run awaits it and no execution of it started (DESIGN §6)."""
         command = decode_command(event.value)
         check_key(event.key, command.key)
-        if command.op == "create_message":
-            if self.reply_attempts.get(command.key) == command.command_id:
-                # redelivered after a crash: the POST may have happened, so it is never made twice (§9.7)
+        stored = self.effect_attempts.get(command.key)
+        attempted = Attempt.model_validate(stored) if isinstance(stored, dict) else None
+        verdict = admit(command, self.awaited_command(command.key), attempted)
+        if verdict != "execute":
+            self.metrics.commands_dropped.labels(command.op, verdict).inc()
+            log.info(
+                "command not executed",
+                extra={"command_id": command.command_id, "op": command.op, "reason": verdict},
+            )
+            if verdict == "redelivered" and command.op == "create_message":
+                # the POST may have happened, so it is never made twice (§9.7); the run checks history
                 await self.lanes.submit(command.key, command.account_id, lambda: self.report_unconfirmed(command))
-                return
-            self.reply_attempts[command.key] = command.command_id
-            await self.app.producer.flush()  # the attempt is durable before the POST can happen
+            return
+        if needs_attempt_record(command):
+            self.effect_attempts[command.key] = Attempt.of(command, self.instance_id).model_dump(mode="json")
+            await self.app.producer.flush()  # the attempt is durable before the call can happen
         await self.lanes.submit(command.key, command.account_id, lambda: self.execute(command))
 
     async def report_unconfirmed(self, command: EffectCommand) -> None:

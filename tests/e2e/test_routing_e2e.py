@@ -9,13 +9,11 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import time
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from schemas.records import CreateMessage, EffectCommand
 from tests.e2e.conftest import BILLING, BOT_TOKENS, INBOX_2, SALES, Stack, bot_messages, read_all, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -209,38 +207,41 @@ def test_leader_requests_sweep_passes_periodically(e2e: Stack) -> None:
     wait_until("the next sweep pass", lambda: metric(e2e, "router_sweeps_requested_total") >= before + 4, 40, 0.5)
 
 
-def test_a_reply_command_consumed_twice_is_posted_once(e2e: Stack, kafka_bootstrap: str) -> None:
-    """The effect agent is at-least-once: a create_message seen again after a crash is never posted again."""
+def test_commands_consumed_again_after_their_run_ended_are_not_executed(e2e: Stack, kafka_bootstrap: str) -> None:
+    """A new owner consumes a routed conversation's commands again (DESIGN §6 "No command runs stale"): none is
+    executed, so a person's change made after the router ended the turn stays as the person left it."""
     conversation = e2e.new_conversation()
     key = f"1:{conversation}"
-    command = EffectCommand(
-        key=key,
-        account_id=1,
-        command_id=f"{key}:1:9",
-        params=CreateMessage(content="Thanks! Here is our hours information."),
-        at_ms=int(time.time() * 1000),
-    )
-    unconfirmed = metric(e2e, "router_effect_outcomes_total", op="create_message", **{"class": "unconfirmed"})
+    e2e.customer_says(1, conversation, BILLING_QUESTION)
+    e2e.wait_conversation(1, conversation, "assigned to billing", lambda c: c["assignee_id"] == BILLING)
+    e2e.control("POST", f"/conversations/1/{conversation}/assign", {"user_id": SALES, "assignee_id": SALES})
 
-    async def produce_twice() -> None:
+    def mutations() -> int:
+        ops = ("toggle_status", "assign", "set_labels", "create_message")
+        return sum(len(api_calls(e2e, 1, conversation, op)) for op in ops)
+
+    before = mutations()
+    dropped = metric(e2e, "router_effect_commands_dropped_total", reason="stale")
+    topic = f"{e2e.env['ROUTER_APP_ID']}.effects"
+    commands = [r.value for r in asyncio.run(read_all(kafka_bootstrap, topic)) if r.key == key.encode()]
+    assert any(b'"op":"assign"' in value for value in commands)
+
+    async def produce_again() -> None:
         producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
         await producer.start()
         try:
-            for _ in range(2):
-                topic = f"{e2e.env['ROUTER_APP_ID']}.effects"
-                await producer.send_and_wait(topic, key=key.encode(), value=command.model_dump_json().encode())
+            for value in commands:
+                await producer.send_and_wait(topic, key=key.encode(), value=value)
         finally:
             await producer.stop()
 
-    asyncio.run(produce_twice())
+    asyncio.run(produce_again())
     wait_until(
-        "the second delivery to be reported unconfirmed",
-        lambda: (
-            metric(e2e, "router_effect_outcomes_total", op="create_message", **{"class": "unconfirmed"}) > unconfirmed
-        ),
+        "every replayed command to be dropped as stale",
+        lambda: metric(e2e, "router_effect_commands_dropped_total", reason="stale") >= dropped + len(commands),
     )
-    assert len(bot_messages(e2e.conversation(1, conversation))) == 1
-    assert len(api_calls(e2e, 1, conversation, "create_message")) == 1
+    assert mutations() == before
+    assert e2e.conversation(1, conversation)["assignee_id"] == SALES
 
 
 def test_the_event_log_never_holds_contact_identities_or_raw_text(e2e: Stack, kafka_bootstrap: str) -> None:

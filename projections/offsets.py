@@ -1,0 +1,65 @@
+"""The next offset each owned source partition must deliver (DESIGN §6 "No record skipped").
+
+Faust and aiokafka can leave a partition's fetch position past records that were fetched but never handed to
+an agent (docs/consumer-gaps.md). The worker therefore keeps, per owned (topic, partition), the offset it must
+fold next and classifies every record it is handed:
+
+- `next`: the expected offset; fold it.
+- `duplicate`: below the expected offset, already folded by this process (or committed by the group): skip it.
+- `gap`: above the expected offset; the records from `expected` up to it must be read and folded first.
+
+On assignment a partition starts at the group's committed offset (or the log start when nothing was committed),
+unless this process kept the partition through the rebalance and has folded further.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Literal, NamedTuple
+
+TP = tuple[str, int]
+
+
+class Check(NamedTuple):
+    verdict: Literal["next", "duplicate", "gap", "untracked"]
+    expected: int | None
+
+
+class OffsetTracker:
+    """Expected next offsets of the partitions this process owns; pure bookkeeping, no I/O."""
+
+    def __init__(self) -> None:
+        self._next: dict[TP, int] = {}
+
+    def assign(self, owned: Iterable[TP], starts: Mapping[TP, int]) -> None:
+        """A rebalance ended with `owned`; `starts` are where the group would resume each partition.
+
+        A partition kept from the previous assignment continues at whichever is further: its own next offset or
+        the group's (another member may have folded it while this one was out of the group).
+        """
+        owned = set(owned)
+        kept = {tp: n for tp, n in self._next.items() if tp in owned}
+        self._next = {}
+        for tp in owned:
+            start = starts.get(tp)
+            mine = kept.get(tp)
+            if start is None and mine is None:
+                continue
+            self._next[tp] = max(n for n in (start, mine) if n is not None)
+
+    def check(self, tp: TP, offset: int) -> Check:
+        expected = self._next.get(tp)
+        if expected is None:
+            return Check("untracked", None)
+        if offset == expected:
+            return Check("next", expected)
+        if offset < expected:
+            return Check("duplicate", expected)
+        return Check("gap", expected)
+
+    def advance(self, tp: TP, offset: int) -> None:
+        """`offset` was folded: the partition continues after it."""
+        self._next[tp] = max(self._next.get(tp, 0), offset + 1)
+
+    def expected(self, tp: TP) -> int | None:
+        return self._next.get(tp)

@@ -1,0 +1,61 @@
+"""Every record of an owned partition is folded once, in order (projections.offsets)."""
+
+from __future__ import annotations
+
+from projections.offsets import OffsetTracker
+
+A = ("app.conversations", 0)
+B = ("app.conversations", 1)
+
+
+def test_a_new_partition_starts_where_the_group_resumes_it() -> None:
+    tracker = OffsetTracker()
+    tracker.assign([A, B], {A: 0, B: 17})
+    assert tracker.check(A, 0).verdict == "next"
+    assert tracker.check(B, 17).verdict == "next"
+
+
+def test_records_past_the_expected_offset_are_a_gap_to_read_first() -> None:
+    """Faust left the fetch position past records it dropped: offsets 0..4 never reached the agent."""
+    tracker = OffsetTracker()
+    tracker.assign([A], {A: 0})
+    check = tracker.check(A, 5)
+    assert check.verdict == "gap" and check.expected == 0
+
+
+def test_records_folded_already_are_duplicates() -> None:
+    tracker = OffsetTracker()
+    tracker.assign([A], {A: 0})
+    for offset in range(3):
+        assert tracker.check(A, offset).verdict == "next"
+        tracker.advance(A, offset)
+    assert tracker.check(A, 1).verdict == "duplicate"
+    assert tracker.check(A, 3).verdict == "next"
+
+
+def test_a_kept_partition_continues_after_what_this_process_folded() -> None:
+    tracker = OffsetTracker()
+    tracker.assign([A], {A: 0})
+    for offset in range(10):
+        tracker.advance(A, offset)
+    tracker.assign([A], {A: 4})  # the group committed less than this process folded
+    assert tracker.check(A, 9).verdict == "duplicate"
+    assert tracker.check(A, 10).verdict == "next"
+
+
+def test_a_partition_another_member_folded_meanwhile_continues_at_the_group_offset() -> None:
+    tracker = OffsetTracker()
+    tracker.assign([A], {A: 0})
+    tracker.advance(A, 2)
+    tracker.assign([A], {A: 40})
+    assert tracker.check(A, 40).verdict == "next"
+
+
+def test_a_revoked_partition_is_forgotten() -> None:
+    tracker = OffsetTracker()
+    tracker.assign([A, B], {A: 0, B: 0})
+    tracker.advance(B, 5)
+    tracker.assign([A], {A: 0})
+    assert tracker.check(B, 3).verdict == "untracked"
+    tracker.assign([A, B], {A: 0, B: 2})
+    assert tracker.check(B, 2).verdict == "next"  # not 6: it was away, the group's offset rules
