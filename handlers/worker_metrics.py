@@ -80,6 +80,8 @@ class WorkerMetrics:
             ["topic"],
             registry=r,
         )
+        self.broker_up = Gauge("router_broker_up", "1 while the broker answered the last metadata probe", registry=r)
+        self.broker_up.set(1)
         self.timers_pending = Gauge("router_timers_pending", "keys with a durable timer on this worker", registry=r)
         self.agent_errors = Counter(
             "router_agent_errors_total", "unexpected errors caught in agents", ["agent"], registry=r

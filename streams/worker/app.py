@@ -85,6 +85,7 @@ from streams.worker.env import WorkerEnv
 log = logging.getLogger("chatwoot_router.worker")
 
 TICK_S = 1.0
+BROKER_PROBE_S = 5.0
 SHUTDOWN_DRAIN_S = 5.0
 SESSION_TIMEOUT_S = 15.0
 SWEEP_STATUSES = ("pending", "open")
@@ -127,6 +128,7 @@ class WorkerApp:
         self.index = TimerIndex()
         self.offsets = OffsetTracker()
         self.reader = PartitionReader(env.bootstrap, env.app_id)
+        self.broker_ok = True
         fetch_latency.install()
         self._index_generation: int | None = None
         self._index_partitions: frozenset[int] = frozenset()
@@ -204,13 +206,17 @@ class WorkerApp:
         async def leader_sweeps() -> None:
             await self.run_leader_sweeps()
 
+        @app.timer(BROKER_PROBE_S, name="broker_probe")
+        async def broker_probe() -> None:
+            await self.probe_broker()
+
         worker = self
 
         @app.page("/healthz")
         class Healthz(View):
             async def get(self, request: Request) -> Response:
-                ok = worker.ready()
-                return self.json({"ok": ok}, status=200 if ok else 503)
+                ok = worker.ready() and worker.broker_ok
+                return self.json({"ok": ok, "kafka": worker.broker_ok}, status=200 if ok else 503)
 
         @app.page("/metrics")
         class Metrics(View):
@@ -240,6 +246,21 @@ class WorkerApp:
         await self.reader.close()
 
     # --- health ------------------------------------------------------------------------------------------
+
+    async def probe_broker(self) -> None:
+        """Whether the broker answers now: a worker that cannot reach it makes no progress (/healthz 503)."""
+        try:
+            await asyncio.wait_for(self.reader.probe(), BROKER_PROBE_S * 0.8)
+        except Exception as exc:
+            if self.broker_ok:
+                log.error("broker unreachable", extra={"error_type": type(exc).__name__})
+            self.broker_ok = False
+            self.metrics.broker_up.set(0)
+            return
+        if not self.broker_ok:
+            log.info("broker reachable again")
+        self.broker_ok = True
+        self.metrics.broker_up.set(1)
 
     def ready(self) -> bool:
         """Joined the group and recovered the tables (DESIGN §3 /healthz)."""

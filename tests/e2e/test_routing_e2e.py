@@ -40,7 +40,9 @@ def api_calls(stack: Stack, account: int, conversation: int, op: str) -> list[di
 
 
 def test_healthz_and_metrics_are_served(e2e: Stack) -> None:
-    assert e2e.healthz().json() == {"ok": True}
+    assert e2e.healthz().json() == {"ok": True, "kafka": True}
+    for faust_view in ("/router/", "/table/conversation_state/", "/table/conversation_state/1:1/"):
+        assert e2e.http.get(f"http://127.0.0.1:{e2e.web_port}{faust_view}").status_code == 404, faust_view
     text = e2e.metrics()
     for family in ("router_events_folded_total", "router_effect_seconds", "router_dlq_records_total"):
         assert f"# TYPE {family.removesuffix('_total')}" in text
