@@ -234,7 +234,9 @@ class _Folder:
                 self.set_run(pending=None, deadline_ms=None)
                 self.handoff("reply_unconfirmed")
             return
-        if not (overdue or event.resume):
+        # a resume re-issues only the command it was decided for: if the run has issued another one since (its
+        # outcome was folded first), that newer command is already on its way and must not be doubled
+        if not (overdue or (event.resume and event.due_ms == run.deadline_ms)):
             return
         cost = MAX_REQUESTS.get(run.pending.params.op, 1)
         again = run.pending.model_copy(update={"at_ms": self.now})
@@ -296,9 +298,7 @@ class _Folder:
         delay = retry_delay(self.guard.failures - 1, self.retry_base_ms)
         self._outcome("retry", reason=reason, failures=self.guard.failures, delay_ms=delay)
         if self.job is not None:
-            self.job = self.job.model_copy(
-                update={"attempts": self.job.attempts + 1, "not_before": self.now + delay}
-            )
+            self.job = self.job.model_copy(update={"attempts": self.job.attempts + 1, "not_before": self.now + delay})
         self.run = None
 
     def failed(self, o: EffectOutcome, *, drop_on_missing: bool) -> bool:

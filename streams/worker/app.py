@@ -87,6 +87,7 @@ log = logging.getLogger("chatwoot_router.worker")
 TICK_S = 1.0
 BROKER_PROBE_S = 5.0
 SHUTDOWN_DRAIN_S = 5.0
+REVOKE_DRAIN_S = 5.0
 SESSION_TIMEOUT_S = 15.0
 SWEEP_STATUSES = ("pending", "open")
 
@@ -234,6 +235,7 @@ class WorkerApp:
 
         app.on_before_shutdown.connect(cast(Any, self._on_shutdown))
         app.on_partitions_assigned.connect(cast(Any, self._on_assigned))
+        app.on_partitions_revoked.connect(cast(Any, self._on_revoked))
 
     async def _on_shutdown(self, sender: Any, *args: Any, signal: Any = None, **kwargs: Any) -> None:
         """Let running effects finish briefly (their outcomes still reach Kafka), then stop the rest."""
@@ -304,6 +306,20 @@ class WorkerApp:
 
     def _source_topics(self) -> set[str]:
         return {t.get_topic_name() for t in (self.conversations, self.effects, self.sweeps)}
+
+    async def _on_revoked(self, sender: Any, revoked: Any, **kwargs: Any) -> None:
+        """Before partitions move, let running effects finish and their outcomes reach Kafka (bounded).
+
+        The new owner then folds those outcomes before it resumes anything, so an effect is not made twice by
+        two processes; what runs longer than REVOKE_DRAIN_S may still be re-issued by the new owner.
+        """
+        if not self.lanes.pending:
+            return
+        try:
+            await asyncio.wait_for(self.lanes.drain(), REVOKE_DRAIN_S)
+        except TimeoutError:
+            log.warning("effects still running while partitions move", extra={"pending": self.lanes.pending})
+        await self.app.producer.flush()
 
     async def _on_assigned(self, sender: Any, assigned: Any, **kwargs: Any) -> None:
         """A rebalance ended: learn where each owned source partition resumes (committed offset or log start)."""

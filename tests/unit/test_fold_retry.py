@@ -203,9 +203,7 @@ def test_account_removed_from_configuration_completes_the_job() -> None:
     d = make()
     d.chatwoot.fail("decide")
     d.webhook()
-    d.config = make_config(
-        botIds={"4": BOT}, accounts={"4": {"x": {"assignee": 1, "covers": "c"}}}, kinds=None
-    )
+    d.config = make_config(botIds={"4": BOT}, accounts={"4": {"x": {"assignee": 1, "covers": "c"}}}, kinds=None)
     d.tick()
     assert d.last().reason == "account_not_routed" and d.state.job is None
 
@@ -244,3 +242,36 @@ def test_a_resume_timer_without_a_run_in_progress_changes_nothing_but_the_offset
     d.send(TimerFired(at_ms=d.now + 1, key=f"{ACCOUNT}:{CONV}", due_ms=d.now + 1, resume=True))
     assert d.queue == []
     assert d.state.model_copy(update={"offset": before.offset}) == before
+
+
+def test_a_resume_decided_before_the_outcome_arrived_does_not_double_the_next_command() -> None:
+    """A takeover decided to resume the run waiting on the turn read; the read's outcome (from the worker that
+    gave the partition up) is folded first and the run issues its next command: the resume then re-issues
+    nothing, so that command is executed once."""
+    d = make()
+    d.chatwoot.lost = {"read_turn": 1}
+    d.webhook()
+    awaited_deadline = d.wakeup
+    assert d.state.run is not None and d.state.run.pending is not None
+    lost_read = d.state.run.pending
+    d.now += 1
+    # the read's outcome arrives after all (the old owner finished it while giving the partition up)
+    result, error, requests = d.chatwoot.execute(lost_read)
+    d.send(
+        EffectOutcome(
+            at_ms=d.now,
+            key=lost_read.key,
+            account_id=ACCOUNT,
+            command_id=lost_read.command_id,
+            op="read_turn",
+            result=result,
+            error=error,
+            requests=requests,
+        )
+    )
+    assert d.state.run is not None and d.state.run.pending is not None
+    next_command = d.state.run.pending
+    assert next_command.op != "read_turn"
+    issued = len(d.commands)
+    d.send(TimerFired(at_ms=d.now + 1, key=f"{ACCOUNT}:{CONV}", due_ms=awaited_deadline or 0, resume=True))
+    assert len(d.commands) == issued and d.state.run.pending == next_command
