@@ -69,8 +69,9 @@ DEFAULT_RETRY_BASE_MS = 5000
 MAX_RETRY_DELAY_MS = 1_800_000
 REQUEST_TIMEOUT_MS = 60_000  # §4.6: each request may take 60 s
 DEADLINE_GRACE_MS = 30_000
-# the most requests one command may make (composite reads page up to 5 times)
-MAX_REQUESTS = {"read_turn": 5, "scan_reply_history": 5}
+# the most requests one command may make: the turn read is a conversation read (the contact's identities for
+# redaction) plus up to 5 pages; the reply-history scan pages up to 5 times
+MAX_REQUESTS = {"read_turn": 6, "scan_reply_history": 5}
 
 Event = WebhookReceived | SweepFound | EffectOutcome | TimerFired
 

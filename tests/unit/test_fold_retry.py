@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from projections.fold import fold, retry_delay
-from schemas.records import EffectOutcome, TimerFired
+from schemas.records import EffectOutcome, TimerFired, WebhookReceived
 from tests.unit.test_fold_driver import (
     ACCOUNT,
     BOT,
@@ -275,3 +275,27 @@ def test_a_resume_decided_before_the_outcome_arrived_does_not_double_the_next_co
     issued = len(d.commands)
     d.send(TimerFired(at_ms=d.now + 1, key=f"{ACCOUNT}:{CONV}", due_ms=awaited_deadline or 0, resume=True))
     assert len(d.commands) == issued and d.state.run.pending == next_command
+
+
+def test_the_turn_read_is_budgeted_at_six_requests_a_conversation_read_and_five_pages() -> None:
+    """A turn read makes up to 6 requests; with 5 left in the budget (45) it is deferred instead of overrunning."""
+    d = make()
+    d.send(WebhookReceived(at_ms=d.now, account_id=ACCOUNT, conversation_id=CONV, event="message_created"))
+    for expected_op in ("get_conversation", "get_inbox_bot"):
+        command = d.queue.pop(0)
+        assert command.op == expected_op
+        result, error, _ = d.chatwoot.execute(command)
+        d.send(
+            EffectOutcome(
+                at_ms=d.now,
+                key=command.key,
+                account_id=ACCOUNT,
+                command_id=command.command_id,
+                op=command.op,
+                result=result,
+                error=error,
+                requests=20,
+            )
+        )
+    assert [c.op for c in d.queue] != ["read_turn"]
+    assert d.outcomes[0].result == "deferred" and d.outcomes[0].reason == "budget"
