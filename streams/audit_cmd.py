@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import html
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -23,9 +22,9 @@ from aiokafka import ConsumerRecord
 
 from handlers.log_reader import read_topic
 from projections.audit import ConversationTrail, LogReplay, render_text
-from projections.fold import DEFAULT_RETRY_BASE_MS
 from schemas.config import ConfigError, RouterConfig, load_config_file
 from schemas.state import ConversationState
+from streams.config_cmd import env_or_exit
 
 STATE_TABLE = "conversation_state"
 
@@ -42,10 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _settings() -> tuple[str, str, int]:
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")
-    app_id = os.environ.get("ROUTER_APP_ID", "chatwoot-router")
-    retry_base = int(os.environ.get("ROUTER_RETRY_BASE_MS", DEFAULT_RETRY_BASE_MS))
-    return bootstrap, app_id, retry_base
+    env = env_or_exit()  # the one settings model of every command (exit 2 on a bad variable)
+    return env.bootstrap, env.app_id, env.retry_base_ms
 
 
 def _progress(count: int, rate: float) -> None:
@@ -119,7 +116,7 @@ def diff_states(replayed: dict[str, ConversationState], live: dict[str, Conversa
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = load_config_file(args.config or os.environ.get("ROUTER_CONFIG") or "")
+        config = load_config_file(args.config or env_or_exit().config_path or "")
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 2

@@ -11,6 +11,10 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from schemas.config import ConfigError
+
+EXIT_INVALID_CONFIG = 2
+
 # name -> (module that defines `add_arguments(parser)` and `run(args) -> int`, one-line help)
 # Only commands that exist are listed here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -42,7 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module = importlib.import_module(args._module)
-    code: int = module.run(args)
+    try:
+        code: int = module.run(args)
+    except ConfigError as exc:  # any command: an invalid configuration or environment is one line and exit 2
+        print(str(exc), file=sys.stderr, flush=True)
+        return EXIT_INVALID_CONFIG
     return code
 
 

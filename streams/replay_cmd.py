@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from handlers.log_reader import topic_partitions
+from streams.config_cmd import env_or_exit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,8 +72,8 @@ async def replay_dlq(bootstrap: str, app_id: str, *, dry_run: bool) -> tuple[int
 
 
 def run(args: argparse.Namespace) -> int:
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092")
-    app_id = os.environ.get("ROUTER_APP_ID", "chatwoot-router")
+    env = env_or_exit()  # the one settings model of every command (exit 2 on a bad variable)
+    bootstrap, app_id = env.bootstrap, env.app_id
     try:
         published, skipped = asyncio.run(replay_dlq(bootstrap, app_id, dry_run=args.dry_run))
     except LookupError as exc:
