@@ -50,7 +50,14 @@ def logging_config(level: str) -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"json": {"()": "handlers.logging_setup.JsonFormatter"}},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+        "handlers": {
+            "stderr": {
+                # library loggers rate-limited, aiohttp's request errors cleaned (handlers/logging_setup.py)
+                "class": "handlers.logging_setup.RateLimitedStreamHandler",
+                "formatter": "json",
+                "stream": "ext://sys.stderr",
+            }
+        },
         "root": {"level": level.upper(), "handlers": ["stderr"]},
         "loggers": {name: {"level": "WARNING"} for name in _QUIET_LOGGERS},
     }
