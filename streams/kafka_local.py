@@ -10,8 +10,10 @@ SIGINT/SIGTERM, when it stops the broker cleanly.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -263,10 +265,7 @@ def start_broker(
         controller_file.write_text(str(controller_port), encoding="utf-8")
     properties.write_text(broker_properties(port, controller_port, log_dir), encoding="utf-8")
     base = _java_command(lib, data_dir, log_file)
-    cluster_file = data_dir / "cluster.id"
-    if not cluster_file.exists():
-        cluster_file.write_text(_cluster_id(), encoding="utf-8")
-    _format_storage(base, properties, cluster_file.read_text(encoding="utf-8"))
+    _format_storage(base, properties, _saved_cluster_id(data_dir, log_dir))
     with (data_dir / "broker.stderr").open("wb") as stderr:
         process = subprocess.Popen(
             [*base, "kafka.Kafka", str(properties)],
@@ -288,11 +287,46 @@ def start_broker(
     raise KafkaLaunchError(f"the broker did not become ready within {ready_timeout:.0f} s; see {log_file}")
 
 
-def _cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 characters)."""
-    import base64
+_CLUSTER_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{21}")
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+
+def _cluster_id() -> str:
+    """A KRaft cluster id as Kafka's `Uuid.randomUuid()` makes them: 16 random bytes, URL-safe base64 without
+    padding (22 characters), drawn again when it starts with '-' (the storage tool would read that as an
+    option) — about one draw in 64."""
+    while True:
+        candidate = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        if _CLUSTER_ID.fullmatch(candidate):
+            return candidate
+
+
+def _saved_cluster_id(data_dir: Path, log_dir: Path) -> str:
+    """The data dir's cluster id, made on first use and repaired when the saved one is unusable.
+
+    A formatted log dir records its id in meta.properties, and that one wins (the storage must keep its id).
+    Otherwise a saved id that starts with '-' or is not 22 base64url characters (earlier versions could
+    save such ids, and the storage tool then refused to format the dir) is replaced by a fresh one.
+    """
+    cluster_file = data_dir / "cluster.id"
+    formatted = _formatted_cluster_id(log_dir)
+    saved = cluster_file.read_text(encoding="utf-8").strip() if cluster_file.exists() else None
+    cluster_id = formatted or (saved if saved and _CLUSTER_ID.fullmatch(saved) else _cluster_id())
+    if cluster_id != saved:
+        cluster_file.write_text(cluster_id, encoding="utf-8")
+    return cluster_id
+
+
+def _formatted_cluster_id(log_dir: Path) -> str | None:
+    meta = log_dir / "meta.properties"
+    try:
+        lines = meta.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip() == "cluster.id" and _CLUSTER_ID.fullmatch(value.strip()):
+            return value.strip()
+    return None
 
 
 def _accepts_connections(port: int) -> bool:
