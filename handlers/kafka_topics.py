@@ -30,11 +30,13 @@ async def ensure_topics(
     *,
     replication_factor: int | None = None,
     request_timeout_ms: int = 10_000,
+    configs: Mapping[str, Mapping[str, str]] | None = None,
 ) -> None:
     """Create each `name -> partitions` topic that does not exist yet.
 
     The replication factor defaults to min(3, brokers in the cluster), so the same call serves a
-    single-node development broker and a production cluster. Raises on connection failure or refusal.
+    single-node development broker and a production cluster. `configs` gives a topic its topic-level settings
+    (e.g. `cleanup.policy=compact` for a table's changelog). Raises on connection failure or refusal.
     """
     if not topics:
         return
@@ -49,7 +51,10 @@ async def ensure_topics(
             cluster = await admin.describe_cluster()
             replication_factor = max(1, min(_MAX_REPLICATION, len(cluster["brokers"])))
         response = await admin.create_topics(
-            [NewTopic(name, partitions, replication_factor) for name, partitions in missing.items()]
+            [
+                NewTopic(name, partitions, replication_factor, topic_configs=dict((configs or {}).get(name, {})))
+                for name, partitions in missing.items()
+            ]
         )
         for name, code, *_ in response.topic_errors:
             if code == _NO_ERROR:

@@ -19,6 +19,7 @@ from handlers.kafka_topics import ensure_topics
 from schemas.config import ConfigError
 from streams.config_cmd import EXIT_INVALID_CONFIG, load_or_exit
 from streams.worker import WorkerEnv, build_worker, read_worker_env
+from streams.worker.app import TABLES, changelog_topic
 
 log = logging.getLogger("chatwoot_router.worker")
 
@@ -64,8 +65,15 @@ def logging_config(level: str) -> dict[str, Any]:
 
 
 async def prepare_topics(env: WorkerEnv) -> int:
-    """Create the four topics if missing; returns the replication factor for Faust's own topics."""
+    """Create the four topics and the tables' changelogs if missing; returns the replication factor for Faust.
+
+    The changelogs are created here, before Faust starts, because Faust's own creation can lose a race with its
+    first assignment ("Ignoring missing topic"), after which every write to that table fails (PartitionsMismatch).
+    """
     await ensure_topics(env.bootstrap, {env.topic(name): env.partitions for name in TOPICS})
+    changelogs = {changelog_topic(env.app_id, table): env.partitions for table in TABLES}
+    compacted = {"cleanup.policy": "compact"}
+    await ensure_topics(env.bootstrap, changelogs, configs={name: compacted for name in changelogs})
     admin = AIOKafkaAdminClient(bootstrap_servers=env.bootstrap)
     try:
         await admin.start()

@@ -90,6 +90,12 @@ SHUTDOWN_DRAIN_S = 5.0
 REVOKE_DRAIN_S = 5.0
 SESSION_TIMEOUT_S = 15.0
 SWEEP_STATUSES = ("pending", "open")
+TABLES = ("conversation_state", "sweep_state", "timers", "effect_attempts")
+
+
+def changelog_topic(app_id: str, table: str) -> str:
+    """The name Faust gives a table's changelog topic."""
+    return f"{app_id}-{table}-changelog"
 
 
 def wall_clock_ms() -> int:
@@ -173,10 +179,11 @@ class WorkerApp:
             "partitions": partitions,
             "schema": faust.Schema(key_serializer="raw", value_serializer="json"),
         }
-        self.states = self.app.Table("conversation_state", **table)
-        self.sweep_states = self.app.Table("sweep_state", **table)
-        self.timers = self.app.Table("timers", **table)
-        self.effect_attempts = self.app.Table("effect_attempts", **table)
+        states, sweep_states, timers, effect_attempts = TABLES
+        self.states = self.app.Table(states, **table)
+        self.sweep_states = self.app.Table(sweep_states, **table)
+        self.timers = self.app.Table(timers, **table)
+        self.effect_attempts = self.app.Table(effect_attempts, **table)
         self._wire()
 
     # --- wiring ------------------------------------------------------------------------------------------
