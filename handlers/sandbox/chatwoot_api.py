@@ -7,6 +7,7 @@ before the request is applied, after it was applied, or drop the connection afte
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -118,6 +119,13 @@ async def apply_faults(
     return response
 
 
+def _target(world: World, account_id: int, conversation: str | None) -> Any:
+    """The path's conversation for the request log, if it exists."""
+    if conversation is None or not conversation.isdigit():
+        return None
+    return world.conversations.get((account_id, int(conversation)))
+
+
 def _token_kind(token: str | None, owner: Actor | None) -> str:
     if token is None:
         return "none"
@@ -140,6 +148,9 @@ def endpoint(op: str, *, bot_ok: bool) -> Callable[[Handler], Callable[[web.Requ
                 "token": "bot" if isinstance(owner, Bot) else "user" if owner else "none" if not token else "bad",
                 "actor_id": owner.id if owner else None,
                 "status": None,
+                # the order of everything the sandbox saw (shared with control-API actions) and when
+                "seq": sandbox.next_seq(),
+                "at": time.time(),
             }
             sandbox.calls.append(entry)
             response: web.StreamResponse
@@ -148,6 +159,8 @@ def endpoint(op: str, *, bot_ok: bool) -> Callable[[Handler], Callable[[web.Requ
                 actor = _authenticate(sandbox.world, request, account_id, bot_ok)
                 conversation = request.match_info.get("conversation")
                 fault = sandbox.faults.take(op, account_id, _int(conversation) if conversation else None)
+                if fault is not None:
+                    entry["fault"] = fault.mode
                 body: dict[str, Any] = {}
                 if request.method == "POST" and request.can_read_body:
                     try:
@@ -158,7 +171,18 @@ def endpoint(op: str, *, bot_ok: bool) -> Callable[[Handler], Callable[[web.Requ
                     entry["body"] = parsed
 
                 async def apply() -> web.StreamResponse:
-                    result = handler(Call(sandbox.world, actor, request, account_id, body))
+                    # when the request takes effect, and the conversation's fields before and after it
+                    entry["applied_seq"] = sandbox.next_seq()
+                    entry["applied_at"] = time.time()
+                    target = _target(sandbox.world, account_id, conversation)
+                    if target is not None:
+                        entry["before"] = sandbox.summary(target)
+                    try:
+                        result = handler(Call(sandbox.world, actor, request, account_id, body))
+                        entry["applied"] = True  # the handler ran to the end: its change (if any) was made
+                    finally:
+                        if target is not None:
+                            entry["after"] = sandbox.summary(target)
                     return web.json_response(result)
 
                 response = await apply_faults(request, fault, apply)

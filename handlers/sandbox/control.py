@@ -12,9 +12,19 @@ POST   /_sandbox/conversations/{a}/{c}/incoming {content, email?: {subject, quot
 POST   /_sandbox/conversations/{a}/{c}/reply    {user_id, content, private?} → the message
 POST   /_sandbox/conversations/{a}/{c}/status   {user_id, status?} as a person would (toggle_status)
 POST   /_sandbox/conversations/{a}/{c}/assign   {user_id, assignee_id|null} as a person would
+POST   /_sandbox/conversations/{a}/{c}/labels   {user_id, labels? | add?, remove?} as a person would
+                                                (`labels` replaces the list) → the labels
 DELETE /_sandbox/conversations/{a}/{c}          delete the conversation (the API then answers JSON 404)
 DELETE /_sandbox/conversations/{a}/{c}/messages/{m}   delete a message (`deleted`, message_updated)
 GET    /_sandbox/conversations/{a}/{c}          one conversation's state
+GET    /_sandbox/log?since_seq=N&include=…      the request log without conversations: API calls (each
+                                                with `seq`/`at` on arrival, `applied_seq`/`applied_at`,
+                                                `before`/`after` fields of its conversation when applied,
+                                                `fault` when a rule fired), control-API actions of
+                                                customers and people (`person_actions`, same `seq`),
+                                                webhooks (attempts with the answer's start), System One
+                                                calls; only entries with `seq` > N; `last_seq`;
+                                                `&include=api_calls,webhooks,…` picks the parts
 POST   /_sandbox/faults                         {op, mode?, status?, delay_ms?, times?, content_type?,
                                                 account_id?, conversation_id?} (see faults.py)
 DELETE /_sandbox/faults                         remove every fault rule
@@ -115,6 +125,16 @@ def _assign(sandbox: Sandbox, body: dict[str, Any], ids: dict[str, int]) -> Any:
     return sandbox.human_assign(ids["a"], ids["c"], int(body["user_id"]), body["assignee_id"])
 
 
+def _labels(sandbox: Sandbox, body: dict[str, Any], ids: dict[str, int]) -> Any:
+    lists = {name: body.get(name) for name in ("labels", "add", "remove")}
+    for name, value in lists.items():
+        if value is not None and not isinstance(value, list):
+            raise ValueError(f"{name} must be a list")
+    return sandbox.human_labels(
+        ids["a"], ids["c"], int(body["user_id"]), labels=lists["labels"], add=lists["add"], remove=lists["remove"]
+    )
+
+
 def _delete(sandbox: Sandbox, body: dict[str, Any], ids: dict[str, int]) -> Any:
     sandbox.delete_conversation(ids["a"], ids["c"])
     return {"ok": True}
@@ -165,6 +185,7 @@ async def _settle(sandbox: Sandbox, body: dict[str, Any], ids: dict[str, int]) -
 def add_routes(app: web.Application) -> None:
     conv = "/_sandbox/conversations/{a:\\d+}/{c:\\d+}"
     app.router.add_get("/_sandbox/state", _control(_state))
+    app.router.add_get("/_sandbox/log", _log_handler)
     app.router.add_post("/_sandbox/scenario", _control(_scenario))
     app.router.add_post("/_sandbox/conversations", _control(_create))
     app.router.add_get(conv, _control(_one))
@@ -173,9 +194,20 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(conv + "/reply", _control(_reply))
     app.router.add_post(conv + "/status", _control(_status))
     app.router.add_post(conv + "/assign", _control(_assign))
+    app.router.add_post(conv + "/labels", _control(_labels))
     app.router.add_delete(conv + "/messages/{m:\\d+}", _control(_delete_message))
     app.router.add_post("/_sandbox/faults", _control(_add_fault))
     app.router.add_delete("/_sandbox/faults", _control(_clear_faults))
     app.router.add_post("/_sandbox/clock", _control(_clock))
     app.router.add_post("/_sandbox/settle", _control(_settle))
     app.router.add_post("/_sandbox/settings", _control(_settings))
+
+
+async def _log_handler(request: web.Request) -> web.StreamResponse:
+    try:
+        since = int(request.query.get("since_seq") or 0)
+    except ValueError:
+        return web.json_response({"error": "since_seq must be an integer"}, status=400)
+    raw = request.query.get("include")
+    include = frozenset(part for part in raw.split(",") if part) if raw is not None else None
+    return web.json_response(request.app[SANDBOX].log(since, include))

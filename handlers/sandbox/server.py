@@ -7,7 +7,9 @@ control API (and tests, in-process) use to act as customers and people. `run_san
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -42,6 +44,10 @@ class Sandbox:
         self.world.on_event = self.dispatcher.enqueue
         self.calls: list[dict[str, Any]] = []
         self.systemone_calls: list[dict[str, Any]] = []
+        # what customers and people did through the control API, in the same sequence as `calls` (see `log`)
+        self.person_actions: list[dict[str, Any]] = []
+        self._seq = itertools.count(1)
+        self.last_seq = 0
         self.systemone_api_key: str | None = None
         self.url = ""
         if scenario_doc:
@@ -118,7 +124,8 @@ class Sandbox:
                 },
                 "html_content": {"full": None, "reply": None, "quoted": email.get("quoted_html")},
             }
-        return self.world.add_message(
+        before = self.summary(conversation)
+        message = self.world.add_message(
             conversation,
             INCOMING,
             content,
@@ -126,22 +133,56 @@ class Sandbox:
             content_type=content_type,
             content_attributes=attributes,
         )
+        self._record_action(conversation, "customer_message", None, before, {"message_id": message.id})
+        return message
 
     def human_reply(
         self, account_id: int, conversation_id: int, user_id: int, content: str, *, private: bool = False
     ) -> Message:
         conversation = self.world.conversation(account_id, conversation_id)
         user = self._user(user_id)
-        return self.world.add_message(conversation, OUTGOING, content, ("user", user.id), private=private)
+        before = self.summary(conversation)
+        message = self.world.add_message(conversation, OUTGOING, content, ("user", user.id), private=private)
+        self._record_action(conversation, "reply", user_id, before, {"message_id": message.id, "private": private})
+        return message
 
     def human_status(self, account_id: int, conversation_id: int, user_id: int, status: str | None) -> dict[str, Any]:
         """A person changes the status (§4.3 rule 4: opening clears the bot, agents self-assign)."""
         conversation = self.world.conversation(account_id, conversation_id)
-        return self.world.toggle_status(conversation, self._user(user_id), status)
+        user = self._user(user_id)
+        before = self.summary(conversation)
+        result = self.world.toggle_status(conversation, user, status)
+        self._record_action(conversation, "status", user_id, before, {"status": status})
+        return result
 
     def human_assign(self, account_id: int, conversation_id: int, user_id: int, assignee_id: int | None) -> Any:
         conversation = self.world.conversation(account_id, conversation_id)
-        return self.world.assign(conversation, self._user(user_id), {"assignee_id": assignee_id})
+        user = self._user(user_id)
+        before = self.summary(conversation)
+        result = self.world.assign(conversation, user, {"assignee_id": assignee_id})
+        self._record_action(conversation, "assign", user_id, before, {"assignee_id": assignee_id})
+        return result
+
+    def human_labels(
+        self,
+        account_id: int,
+        conversation_id: int,
+        user_id: int,
+        *,
+        labels: list[str] | None = None,
+        add: list[str] | None = None,
+        remove: list[str] | None = None,
+    ) -> list[str]:
+        """A person edits the labels: `labels` replaces the list; else `add` / `remove` change it."""
+        conversation = self.world.conversation(account_id, conversation_id)
+        user = self._user(user_id)
+        before = self.summary(conversation)
+        if labels is None:
+            labels = [label for label in conversation.labels if label not in (remove or [])]
+            labels += [label for label in add or [] if label not in labels]
+        result = self.world.set_labels(conversation, user, [str(label) for label in labels])
+        self._record_action(conversation, "labels", user_id, before, {"labels": result})
+        return result
 
     def delete_conversation(self, account_id: int, conversation_id: int) -> None:
         self.world.delete_conversation(account_id, conversation_id)
@@ -157,6 +198,38 @@ class Sandbox:
     async def settle(self, timeout_s: float = 30.0) -> None:
         """Wait until every webhook queued so far has been delivered or has failed."""
         await self.dispatcher.settle(timeout_s)
+
+    def next_seq(self) -> int:
+        """One sequence shared by API calls (arrival and application) and control-API actions: their order."""
+        self.last_seq = next(self._seq)
+        return self.last_seq
+
+    @staticmethod
+    def summary(conversation: Conversation) -> dict[str, Any]:
+        """The fields people and the router change, as the request log records them before and after."""
+        return {
+            "status": conversation.status,
+            "assignee_id": conversation.assignee_id,
+            "bot_assignee_id": conversation.bot_assignee_id,
+            "labels": list(conversation.labels),
+        }
+
+    def _record_action(
+        self, conversation: Conversation, action: str, user_id: int | None, before: dict[str, Any], args: Any
+    ) -> None:
+        self.person_actions.append(
+            {
+                "seq": self.next_seq(),
+                "at": time.time(),
+                "action": action,
+                "user_id": user_id,
+                "account_id": conversation.account_id,
+                "conversation_id": conversation.id,
+                "args": args,
+                "before": before,
+                "after": self.summary(conversation),
+            }
+        )
 
     def _user(self, user_id: int) -> Any:
         user = self.world.users.get(user_id)
@@ -191,11 +264,26 @@ class Sandbox:
             "clock_offset_s": self.world.clock_offset_s,
         }
 
+    def log(self, since_seq: int = 0, include: frozenset[str] | None = None) -> dict[str, Any]:
+        """The request log without the conversations: API calls and control-API actions with `seq` above
+        `since_seq` (an API call counts by its arrival), every webhook delivery and System One call; `include`
+        names the parts wanted (default all); `last_seq` is always there."""
+        parts: dict[str, Any] = {
+            "api_calls": lambda: [c for c in self.calls if c.get("seq", 0) > since_seq],
+            "person_actions": lambda: [a for a in self.person_actions if a["seq"] > since_seq],
+            "webhooks": lambda: [d.to_json() for d in self.dispatcher.deliveries],
+            "systemone_calls": lambda: list(self.systemone_calls),
+        }
+        result = {name: build() for name, build in parts.items() if include is None or name in include}
+        result["last_seq"] = self.last_seq
+        return result
+
 
 async def _systemone(request: web.Request) -> web.StreamResponse:
     """System One's decision endpoint (behavior.md §7.1) answered by the keyword classifier."""
     sandbox = request.app[chatwoot_api.SANDBOX]
     entry: dict[str, Any] = {"status": None, "body": None}
+    entry["at"] = time.time()
     sandbox.systemone_calls.append(entry)
     key = sandbox.systemone_api_key
     if key is not None and request.headers.get("authorization") != f"Bearer {key}":

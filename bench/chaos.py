@@ -1,0 +1,827 @@
+"""The kill-loop test (issue 15): the whole router under SIGKILLs, Chatwoot faults, people and broker restarts.
+
+    .venv/bin/python -m bench.chaos --conversations 200 --kills 100 --seed 7 [--workers 2] [--partitions 8]
+        [--broker-restarts 3] [--duration 420] [--fault-rate 0.3] [--json FILE] [--work-dir DIR]
+
+It starts its own local Kafka broker (or uses `KAFKA_BOOTSTRAP_SERVERS`; broker restarts need its own), the
+sandbox (a simulated Chatwoot and System One), one ingress and `--workers` workers with the same app id, each
+with its own RocksDB directory, on topics of `--partitions` partitions. Then, over `--duration` seconds (default
+1.5 s per conversation), it plays the conversations of a seeded plan:
+
+- kinds: a billing or a sales question (assigned to its confident owner), an opening-hours question (canned
+  reply, then resolved), spam (resolved), a newsletter (snoozed), something unclear (handed off);
+- some get a second customer message 0.3-4 s after the first (sometimes after the router ended the turn, so
+  a new turn starts and the canned reply must not go out again);
+- some are taken over by a person while pending (assigned to a person, or opened by an agent);
+- some are edited by a person 1-4 s after the router ended them (reopened, assigned, labelled);
+- `--fault-rate` of them get one Chatwoot fault on a request the router makes for them: 503 before the
+  change, the change applied then 503, or the change applied then the connection closed.
+
+Meanwhile it SIGKILLs a random worker (sometimes the ingress) `--kills` times, each restarted 0.1-2 s later,
+and stops the broker `--broker-restarts` times (SIGTERM and SIGKILL alternately, restarted on the same data
+dir 1-4 s later). A process that exits by itself is restarted too, and reported.
+
+Then it settles (every process up and healthy, webhooks delivered, no API call for a while), requests an
+operator sweep (`chatwoot-router sweep`), waits until every conversation ended and every record is folded
+(each a condition with a deadline), runs `chatwoot-router audit --verify` with the workers' environment and
+hands everything to the independent verifier (`bench/chaos_verify.py`). It prints the violations, one line
+each, and one summary line:
+
+    chaos: seed=7 conversations=200 kills=100 duplicates=0 stale_mutations=0 unfolded=0 unended=0
+    audit_differences=0 skipped_records=0 wrong_tokens=0 raced=0 jev_repeats=0 broker_restarts=0 ... PASS
+
+and exits 1 on any violation (2 when the stack could not be started). `--json FILE` writes the whole report:
+options, the timeline of kills and restarts, the counts, every violation with the requests and offsets
+involved. Process logs stay in the work directory (printed at the start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.chaos_verify import Verdict, check, collect, parse_audit, read_topic
+from handlers.sandbox.scenario import from_config
+from schemas.config import parse_config
+from streams.kafka_local import LocalKafka, free_port, start_broker
+
+ROOT = Path(__file__).resolve().parents[1]
+USER_TOKEN = "chaos-user-token"
+BOT_TOKENS = {1: "chaos-bot-1"}
+BOT_SECRETS = {1: "chaos-secret-1"}
+BOT_IDS = {1: 5}
+API_KEY = "chaos-jev-key"
+ADMIN, BILLING, SALES = 1, 2, 3  # user ids: the administrator (token owner) and the two owners (agents)
+INBOX = 101
+RETRY_BASE_MS = 200
+SWEEP_INTERVAL_S = 3600  # only the sweeps of worker starts and the operator's; the final sweep is requested
+QUIET_S = 3.0  # "settled": no Chatwoot API call for this long
+
+TEXTS: dict[str, tuple[str, ...]] = {
+    "billing": (
+        "I was charged twice on my invoice, please refund the payment",
+        "My invoice shows a double charge, I need a refund of the payment",
+    ),
+    "sales": (
+        "Can I get a sales quote and pricing plans for a discount?",
+        "Please send a quote with your pricing plans and any discount",
+    ),
+    "hours": (
+        "What are your opening hours? When is the shop open or closed?",
+        "When are you open? I need the opening hours of the shop",
+    ),
+    "spam": (
+        "Casino spam advertising: unsolicited marketing offers for you",
+        "Unsolicited advertising: casino marketing offers, spam deals",
+    ),
+    "newsletter": (
+        "Weekly newsletter digest: our mailing list announcements",
+        "Newsletter digest from the mailing list with announcements",
+    ),
+    "unclear": (
+        "Something odd happened with the thing yesterday, see below",
+        "The thing from yesterday happened again, it seems odd",
+    ),
+}
+KIND_WEIGHTS = {"billing": 20, "sales": 15, "hours": 20, "spam": 15, "newsletter": 15, "unclear": 15}
+# the requests the router makes for each kind, where a fault can be injected
+FAULT_OPS = {
+    "billing": ("get_conversation", "list_messages", "assign"),
+    "sales": ("get_conversation", "list_messages", "assign"),
+    "hours": ("list_messages", "set_labels", "create_message", "toggle_status", "assign"),
+    "spam": ("get_conversation", "set_labels", "toggle_status", "assign"),
+    "newsletter": ("list_messages", "set_labels", "toggle_status", "assign"),
+    "unclear": ("get_conversation", "list_messages", "toggle_status"),
+}
+FAULT_MODES = ("fail", "apply_then_fail", "apply_then_drop")
+
+
+def router_config(sandbox_url: str) -> dict[str, Any]:
+    return {
+        "chatwoot": {"baseUrl": sandbox_url},
+        "routing": {
+            "endpoint": f"{sandbox_url}/v1/systemone",
+            "botIds": {"1": BOT_IDS[1]},
+            "accounts": {
+                "1": {
+                    "billing": {"assignee": BILLING, "covers": "Billing, invoices, charges, payments and refunds."},
+                    "sales": {"assignee": SALES, "covers": "Sales quotes, pricing plans and discounts."},
+                }
+            },
+            "kinds": {
+                "1": {
+                    "spam": {
+                        "covers": "Spam, advertising, unsolicited marketing offers, casino.",
+                        "status": "resolved",
+                    },
+                    "hours": {
+                        "covers": "Opening hours, when the shop is open or closed.",
+                        "cannedResponse": "hours",
+                        "status": "resolved",
+                    },
+                    "newsletter": {"covers": "Newsletters, digests, mailing list announcements.", "status": "snoozed"},
+                }
+            },
+        },
+    }
+
+
+# --- the plan --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """What happens to one conversation; times are seconds from the start of the play."""
+
+    index: int
+    kind: str
+    tag: str  # a made-up word in every message, unique to the conversation (to follow its System One input)
+    start_s: float
+    second_after_s: float | None = None
+    takeover_after_s: float | None = None
+    takeover: str | None = None  # "assign" (an admin assigns an agent) or "open" (an agent opens it)
+    edit_after_s: float | None = None
+    edits: list[str] = field(default_factory=list)  # "reopen", "assign", "label"
+    fault: dict[str, Any] | None = None
+    conversation_id: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"1:{self.conversation_id}"
+
+
+def _tag(index: int) -> str:
+    consonants, vowels = "bdfgklmnprstvz", "aeiou"
+    word, n = "zq", index
+    for _ in range(3):
+        word += consonants[n % len(consonants)] + vowels[(n // len(consonants)) % len(vowels)]
+        n //= len(consonants) * len(vowels)
+    return word
+
+
+def make_plans(count: int, duration_s: float, fault_rate: float, rng: random.Random) -> list[Plan]:
+    kinds, weights = list(KIND_WEIGHTS), list(KIND_WEIGHTS.values())
+    starts = sorted(rng.uniform(0, duration_s) for _ in range(count))
+    plans = []
+    for index, start in enumerate(starts):
+        plan = Plan(index, rng.choices(kinds, weights)[0], _tag(index), start)
+        roll = rng.random()
+        if roll < 0.12:
+            plan.takeover_after_s = rng.uniform(0.0, 1.5)
+            plan.takeover = rng.choice(("assign", "open"))
+        elif roll < 0.37:
+            plan.edit_after_s = rng.uniform(1.0, 4.0)
+            plan.edits = rng.sample(["reopen", "assign", "label"], rng.randint(1, 3))
+        if rng.random() < 0.2:
+            plan.second_after_s = rng.uniform(0.3, 4.0)
+        if rng.random() < fault_rate:
+            plan.fault = {
+                "op": rng.choice(FAULT_OPS[plan.kind]),
+                "mode": rng.choice(FAULT_MODES),
+                "status": 503,
+                "times": 1,
+            }
+        plans.append(plan)
+    return plans
+
+
+# --- processes -------------------------------------------------------------------------------------------
+
+
+class Proc:
+    """One `chatwoot-router` subcommand as a child process, its output appended to a log file."""
+
+    def __init__(
+        self, name: str, args: list[str], env: dict[str, str], log_dir: Path, health_url: str, cwd: Path = ROOT
+    ) -> None:
+        self.name, self.args, self.env, self.health_url, self.cwd = name, args, env, health_url, cwd
+        self.log_path = log_dir / f"{name}.log"
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.wanted = False  # should be running (the supervisor restarts it when it exits by itself)
+        self.starts = 0
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            log.write(f"\n=== start {self.starts + 1} at {time.time():.3f} ===\n".encode())
+            log.flush()
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "streams.cli", *self.args],
+                cwd=self.cwd,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.starts += 1
+        self.started_at = time.monotonic()
+        self.wanted = True
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def kill(self) -> None:
+        self.wanted = False
+        if self.alive():
+            assert self.popen is not None
+            self.popen.kill()
+            self.popen.wait()
+
+    def stop(self, timeout_s: float = 20) -> None:
+        self.wanted = False
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        self.popen.terminate()
+        try:
+            self.popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+    def log_tail(self, lines: int = 12) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Options:
+    conversations: int = 40
+    kills: int = 10
+    seed: int = 1
+    workers: int = 2
+    partitions: int = 8
+    broker_restarts: int = 0
+    duration_s: float | None = None
+    fault_rate: float = 0.3
+    json_path: Path | None = None
+    work_dir: Path | None = None
+    settle_deadline_s: float = 240.0
+    code_dir: Path = ROOT  # where the router's processes (ingress, workers, sweep, audit) run from
+
+    @property
+    def play_s(self) -> float:
+        return self.duration_s if self.duration_s is not None else max(20.0, 1.5 * self.conversations)
+
+
+@dataclass
+class Result:
+    options: Options
+    verdict: Verdict
+    duration_s: float
+    timeline: list[dict[str, Any]]
+    work_dir: Path
+    app_id: str
+    broker_restarts: int
+    self_exits: int
+
+    def summary(self) -> str:
+        c = self.verdict.counts
+        o = self.options
+        fields = [
+            f"seed={o.seed}",
+            f"conversations={o.conversations}",
+            f"kills={o.kills}",
+            *(f"{name}={c[name]}" for name in ("duplicates", "stale_mutations", "unfolded", "unended")),
+            f"audit_differences={c['audit_differences']}",
+            *(f"{name}={c[name]}" for name in ("skipped_records", "wrong_tokens", "raced", "jev_repeats")),
+            f"broker_restarts={self.broker_restarts}",
+            f"self_exits={self.self_exits}",
+            f"duration={self.duration_s:.0f}s",
+        ]
+        return f"chaos: {' '.join(fields)} {'PASS' if self.verdict.passed else 'FAIL'}"
+
+    def to_json(self) -> dict[str, Any]:
+        options = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.options).items()}
+        return {
+            "summary": self.summary(),
+            "options": options,
+            "code": code_version(self.options.code_dir),
+            "app_id": self.app_id,
+            "work_dir": str(self.work_dir),
+            "duration_s": self.duration_s,
+            "timeline": self.timeline,
+            **self.verdict.to_json(),
+        }
+
+
+class StackFailed(RuntimeError):
+    """The stack could not be started; the message names the process and quotes its log."""
+
+
+class Chaos:
+    def __init__(self, options: Options, bootstrap: str | None = None) -> None:
+        self.o = options
+        self.rng = random.Random(options.seed)
+        self.work = options.work_dir or Path(tempfile.mkdtemp(prefix=f"chaos-{options.seed}-"))
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.external_bootstrap = bootstrap
+        self.broker: LocalKafka | None = None
+        self.broker_port = free_port()
+        self.broker_down = False
+        self.started = time.monotonic()
+        self.timeline: list[dict[str, Any]] = []
+        self.plans = make_plans(options.conversations, options.play_s, options.fault_rate, self.rng)
+        self.app_id = f"chaos-{options.seed}-{int(time.time())}"
+        self.sandbox_port, self.ingress_port = free_port(), free_port()
+        self.sandbox_url = f"http://127.0.0.1:{self.sandbox_port}"
+        self.procs: list[Proc] = []
+        self.workers: list[Proc] = []
+        self.broker_restarts = 0
+        self.self_exits = 0
+        self.http: httpx.AsyncClient | None = None
+
+    # --- bookkeeping ---
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    def note(self, what: str, **data: Any) -> None:
+        self.timeline.append({"t": round(self.now(), 3), "what": what, **data})
+        print(f"[{self.now():7.1f}s] {what} {json.dumps(data) if data else ''}", file=sys.stderr, flush=True)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.external_bootstrap or f"127.0.0.1:{self.broker_port}"
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ROUTER_", "CHATWOOT_", "TYPESAFE_"))}
+        env.update(
+            ROUTER_CONFIG=str(self.work / "router.json"),
+            KAFKA_BOOTSTRAP_SERVERS=self.bootstrap,
+            ROUTER_APP_ID=self.app_id,
+            ROUTER_PARTITIONS=str(self.o.partitions),
+            ROUTER_DATA_DIR=str(self.work / "state"),
+            ROUTER_RETRY_BASE_MS=str(RETRY_BASE_MS),
+            ROUTER_SWEEP_INTERVAL_S=str(SWEEP_INTERVAL_S),
+            CHATWOOT_TOKEN=USER_TOKEN,
+            CHATWOOT_AGENT_BOT_TOKENS=json.dumps({str(k): v for k, v in BOT_TOKENS.items()}),
+            CHATWOOT_AGENT_BOT_SECRETS=json.dumps({str(k): v for k, v in BOT_SECRETS.items()}),
+            TYPESAFE_API_KEY=API_KEY,
+        )
+        return env
+
+    # --- the stack ---
+
+    def write_files(self) -> None:
+        config = router_config(self.sandbox_url)
+        (self.work / "router.json").write_text(json.dumps(config, indent=2))
+        scenario = from_config(
+            parse_config(config), user_token=USER_TOKEN, bot_tokens=BOT_TOKENS, bot_secrets=BOT_SECRETS, api_key=API_KEY
+        )
+        scenario["accounts"][0]["keep_pending_on_bot_failure"] = True  # a lost webhook leaves it to the sweep
+        (self.work / "scenario.json").write_text(json.dumps(scenario, indent=2))
+
+    def start_broker(self) -> None:
+        self.broker = start_broker(self.broker_port, self.work / "kafka")
+        self.broker_down = False
+
+    async def start_stack(self) -> None:
+        self.write_files()
+        if self.external_bootstrap is None:
+            self.note("starting the broker", port=self.broker_port)
+            await asyncio.to_thread(self.start_broker)
+        env = self.env()
+        webhook_url = f"http://127.0.0.1:{self.ingress_port}/chatwoot/agent-bot"
+        sandbox_args = ["sandbox", "--port", str(self.sandbox_port), "--scenario", str(self.work / "scenario.json")]
+        sandbox = Proc(
+            "sandbox",
+            [*sandbox_args, "--webhook-url", webhook_url, "--retry-delay", "1.0"],
+            env,
+            self.work,
+            f"{self.sandbox_url}/_sandbox/state",
+        )
+        ingress = Proc(
+            "ingress",
+            ["ingress", "--host", "127.0.0.1", "--port", str(self.ingress_port)],
+            env,
+            self.work,
+            f"http://127.0.0.1:{self.ingress_port}/healthz",
+            self.o.code_dir,
+        )
+        for n in range(self.o.workers):
+            port = free_port()
+            worker_env = dict(env, ROUTER_DATA_DIR=str(self.work / f"state-{n + 1}"))
+            self.workers.append(
+                Proc(
+                    f"worker-{n + 1}",
+                    ["worker", "--web-port", str(port)],
+                    worker_env,
+                    self.work,
+                    f"http://127.0.0.1:{port}/healthz",
+                    self.o.code_dir,
+                )
+            )
+        self.procs = [sandbox, ingress, *self.workers]
+        for proc in self.procs:
+            proc.start()
+        for proc in self.procs:
+            await self.wait_healthy(proc, 180)
+        self.note("stack up", app_id=self.app_id, work_dir=str(self.work), bootstrap=self.bootstrap)
+
+    async def healthy(self, proc: Proc) -> bool:
+        assert self.http is not None
+        try:
+            return (await self.http.get(proc.health_url, timeout=3)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def wait_healthy(self, proc: Proc, deadline_s: float) -> None:
+        async def check() -> bool:
+            if not proc.alive():
+                raise StackFailed(f"{proc.name} exited ({proc.popen and proc.popen.returncode}):\n{proc.log_tail()}")
+            return await self.healthy(proc)
+
+        if not await wait_for(check, deadline_s, every_s=0.25):
+            raise StackFailed(f"{proc.name} not healthy within {deadline_s:.0f} s:\n{proc.log_tail()}")
+
+    def stop_stack(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+        if self.broker is not None:
+            self.broker.stop()
+
+    async def supervise(self, stop: asyncio.Event) -> None:
+        """Restart a process that exited by itself (not killed by us), and report it."""
+        while not stop.is_set():
+            for proc in self.procs:
+                if proc.wanted and not proc.alive() and time.monotonic() - proc.started_at > 2.0:
+                    code = proc.popen.returncode if proc.popen else None
+                    self.self_exits += 1
+                    self.note("exited by itself; restarting", process=proc.name, code=code, log=proc.log_tail(6))
+                    proc.start()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+
+    # --- the sandbox's control API ---
+
+    async def control(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        assert self.http is not None
+        response = await self.http.request(method, f"{self.sandbox_url}/_sandbox{path}", json=body, timeout=30)
+        if not response.is_success:
+            raise RuntimeError(f"{method} {path}: {response.status_code} {response.text}")
+        return response.json()
+
+    async def conversation(self, plan: Plan) -> dict[str, Any]:
+        result: dict[str, Any] = await self.control("GET", f"/conversations/1/{plan.conversation_id}")
+        return result
+
+    @staticmethod
+    def ended(state: dict[str, Any]) -> bool:
+        return state["status"] != "pending" and state.get("bot_assignee_id") is None
+
+    # --- the play ---
+
+    async def sleep_until(self, t: float) -> None:
+        await asyncio.sleep(max(0.0, t - self.now()))
+
+    async def say(self, plan: Plan, second: bool = False) -> None:
+        texts = TEXTS[plan.kind]
+        text = texts[1] if second else texts[0]
+        await self.control(
+            "POST", f"/conversations/1/{plan.conversation_id}/incoming", {"content": f"{text} Ref {plan.tag}."}
+        )
+
+    async def play_one(self, plan: Plan, base: float) -> None:
+        await self.sleep_until(base + plan.start_s)
+        created = await self.control(
+            "POST",
+            "/conversations",
+            {"account_id": 1, "inbox_id": INBOX, "contact_name": f"Chaos Customer {plan.index}"},
+        )
+        plan.conversation_id = int(created["id"])
+        if plan.fault is not None:
+            await self.control(
+                "POST", "/faults", {**plan.fault, "account_id": 1, "conversation_id": plan.conversation_id}
+            )
+        first = self.now()
+        await self.say(plan)
+        steps: list[tuple[float, str]] = []
+        if plan.second_after_s is not None:
+            steps.append((first + plan.second_after_s, "second"))
+        if plan.takeover_after_s is not None:
+            steps.append((first + plan.takeover_after_s, "takeover"))
+        for at, step in sorted(steps):
+            await self.sleep_until(at)
+            if step == "second":
+                await self.say(plan, second=True)
+            else:
+                await self.take_over(plan)
+        if plan.edits:
+            await self.edit_after_end(plan, base)
+
+    async def take_over(self, plan: Plan) -> None:
+        state = await self.conversation(plan)
+        if state["status"] != "pending":
+            plan.notes.append(f"takeover skipped: already {state['status']}")
+            return
+        path = f"/conversations/1/{plan.conversation_id}"
+        if plan.takeover == "assign":
+            await self.control("POST", f"{path}/assign", {"user_id": ADMIN, "assignee_id": SALES})
+        else:
+            await self.control("POST", f"{path}/status", {"user_id": BILLING, "status": "open"})
+        plan.notes.append(f"taken over while pending ({plan.takeover})")
+
+    async def edit_after_end(self, plan: Plan, base: float) -> None:
+        deadline = max(60.0, base + self.o.play_s + 30 - self.now())
+
+        async def ended() -> bool:
+            return self.ended(await self.conversation(plan))
+
+        if not await wait_for(ended, deadline, every_s=0.5):
+            plan.notes.append("edits skipped: not ended in time")
+            return
+        assert plan.edit_after_s is not None
+        await asyncio.sleep(plan.edit_after_s)  # a person looks at it a few seconds after the router ended it
+        path = f"/conversations/1/{plan.conversation_id}"
+        for edit in plan.edits:
+            state = await self.conversation(plan)
+            if edit == "reopen" and state["status"] in ("resolved", "snoozed"):
+                await self.control("POST", f"{path}/status", {"user_id": BILLING, "status": "open"})
+            elif edit == "assign" or edit == "reopen":
+                other = SALES if state.get("assignee_id") != SALES else BILLING
+                await self.control("POST", f"{path}/assign", {"user_id": ADMIN, "assignee_id": other})
+            else:
+                await self.control("POST", f"{path}/labels", {"user_id": ADMIN, "add": ["vip"]})
+            plan.notes.append(f"edited after the end: {edit}")
+            await asyncio.sleep(self.rng.uniform(0.2, 1.0))
+
+    async def play(self) -> None:
+        base = self.now()
+        results = await asyncio.gather(*(self.play_one(plan, base) for plan in self.plans), return_exceptions=True)
+        for plan, result in zip(self.plans, results, strict=True):
+            if isinstance(result, BaseException):
+                plan.notes.append(f"play failed: {type(result).__name__}: {result}")
+                self.note("a conversation's play failed", index=plan.index, error=f"{type(result).__name__}: {result}")
+
+    # --- the chaos ---
+
+    async def kill_loop(self) -> None:
+        times = sorted(self.rng.uniform(0.05, 1.0) * self.o.play_s for _ in range(self.o.kills))
+        base = self.now()
+        ingress = next(p for p in self.procs if p.name == "ingress")
+        for n, at in enumerate(times, 1):
+            await self.sleep_until(base + at)
+            victim = ingress if self.rng.random() < 0.15 else self.rng.choice(self.workers)
+            pid = victim.pid
+            victim.kill()
+            delay = self.rng.uniform(0.1, 2.0)
+            self.note(f"kill {n}/{self.o.kills}", process=victim.name, pid=pid, restart_in_s=round(delay, 2))
+            await asyncio.sleep(delay)
+            victim.start()
+
+    async def broker_loop(self) -> None:
+        if self.o.broker_restarts == 0:
+            return
+        base = self.now()
+        slots = self.o.broker_restarts
+        times = [(0.15 + 0.75 * (n + self.rng.uniform(0.2, 0.8)) / slots) * self.o.play_s for n in range(slots)]
+        for n, at in enumerate(times):
+            await self.sleep_until(base + at)
+            assert self.broker is not None
+            how = "SIGTERM" if n % 2 == 0 else "SIGKILL"
+            self.broker_down = True
+            self.note(f"broker stop {n + 1}/{slots}", signal=how)
+            await asyncio.to_thread(self.broker.stop if how == "SIGTERM" else self.broker.kill)
+            down_s = self.rng.uniform(1.0, 4.0)
+            await asyncio.sleep(down_s / 2)
+            health = {w.name: await self.healthy(w) for w in self.workers}
+            self.note("workers' /healthz while the broker is down", healthy=health)
+            await asyncio.sleep(down_s / 2)
+            await asyncio.to_thread(self.start_broker)
+            self.broker_restarts += 1
+            self.note(f"broker up again {n + 1}/{slots}")
+
+    # --- settling ---
+
+    async def last_seq(self) -> int:
+        log = await self.control("GET", "/log?include=")
+        return int(log["last_seq"])
+
+    async def wait_quiet(self, deadline_s: float) -> bool:
+        """Until no Chatwoot API call or control action happened for QUIET_S."""
+        last_seq, since = -1, time.monotonic()
+
+        async def quiet() -> bool:
+            nonlocal last_seq, since
+            seq = await self.last_seq()
+            if seq != last_seq:
+                last_seq, since = seq, time.monotonic()
+            return time.monotonic() - since >= QUIET_S
+
+        return await wait_for(quiet, deadline_s, every_s=0.5)
+
+    async def all_ended(self) -> bool:
+        state = await self.control("GET", "/state")
+        keys = {p.key for p in self.plans if p.conversation_id is not None}
+        return all(self.ended(c) for c in state["conversations"] if f"{c['account_id']}:{c['id']}" in keys)
+
+    async def all_folded(self) -> bool:
+        """Every key's last record on the conversations topic is what its last state applied."""
+        events = await read_topic(self.bootstrap, f"{self.app_id}.conversations")
+        changelog = await read_topic(self.bootstrap, f"{self.app_id}-conversation_state-changelog")
+        last_event: dict[str, int] = {}
+        for record in events:
+            last_event[record.key] = max(last_event.get(record.key, -1), record.offset)
+        applied: dict[str, int] = {}
+        for record in sorted(changelog, key=lambda r: r.offset):
+            if isinstance(record.value, dict):
+                applied[record.key] = int(record.value.get("offset", -1))
+        behind = {key for key, offset in last_event.items() if applied.get(key, -1) < offset}
+        return not behind
+
+    async def settle(self) -> None:
+        for proc in self.procs:
+            if not proc.alive():
+                proc.start()
+        for proc in self.procs:
+            await self.wait_healthy(proc, 180)
+        self.note("every process healthy")
+        with contextlib.suppress(RuntimeError):
+            await self.control("POST", "/settle", {"timeout_s": 60})
+        self.note("settled" if await self.wait_quiet(120) else "not quiet within 120 s; sweeping anyway")
+        sweep = await asyncio.to_thread(self.run_cli, "sweep")
+        self.note("operator sweep requested", code=sweep.returncode, stderr=sweep.stderr.strip()[-300:])
+        deadline = time.monotonic() + self.o.settle_deadline_s
+
+        async def done() -> bool:
+            return await self.all_ended() and await self.wait_quiet(QUIET_S * 4)
+
+        ended = await wait_for(done, self.o.settle_deadline_s, every_s=1.0)
+        self.note("every conversation ended" if ended else "not every conversation ended by the deadline")
+        folded = await wait_for(self.all_folded, max(30.0, deadline - time.monotonic()), every_s=2.0)
+        self.note("every record folded" if folded else "some records not folded by the deadline")
+
+    def run_cli(self, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "streams.cli", *args],
+            cwd=self.o.code_dir,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+
+    # --- the run ---
+
+    async def run(self) -> Result:
+        stop = asyncio.Event()
+        self.http = httpx.AsyncClient(timeout=30)
+        try:
+            await self.start_stack()
+            supervisor = asyncio.create_task(self.supervise(stop))
+            self.note("playing", conversations=len(self.plans), play_s=round(self.o.play_s, 1), kills=self.o.kills)
+            await asyncio.gather(self.play(), self.kill_loop(), self.broker_loop())
+            self.note("play over")
+            await self.settle()
+            stop.set()
+            await supervisor
+            audit_run = await asyncio.to_thread(self.run_cli, "audit", "--verify")
+            audit = parse_audit(audit_run.returncode, audit_run.stdout + audit_run.stderr)
+            self.note("audit --verify", code=audit_run.returncode, summary=audit.summary)
+            evidence = await collect(
+                sandbox_url=self.sandbox_url,
+                bootstrap=self.bootstrap,
+                app_id=self.app_id,
+                scope=[p.key for p in self.plans if p.conversation_id is not None],
+                bot_ids=BOT_IDS,
+                audit=audit,
+                tags={p.tag: p.key for p in self.plans},
+                plans={p.key: p.kind for p in self.plans},
+            )
+            (self.work / "evidence.json").write_text(json.dumps(evidence.to_json(), default=str))
+            verdict = check(evidence)
+            verdict.info["plans"] = [asdict(p) for p in self.plans]
+            return Result(
+                self.o,
+                verdict,
+                self.now(),
+                self.timeline,
+                self.work,
+                self.app_id,
+                self.broker_restarts,
+                self.self_exits,
+            )
+        finally:
+            stop.set()
+            await self.http.aclose()
+            self.stop_stack()
+
+
+def code_version(code_dir: Path) -> str:
+    """The commit the router ran from, "+ changes in …" when its tree differs ("not a git tree" otherwise)."""
+    git = ["git", "-C", str(code_dir)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    if head.returncode != 0:
+        return f"{code_dir} (not a git tree)"
+    status = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True, check=False)
+    changed = [
+        line[3:]
+        for line in status.stdout.splitlines()
+        if line[3:].startswith(("streams/", "handlers/", "projections/", "schemas/"))
+    ]
+    return head.stdout.strip() + (f" + changes in {', '.join(changed)}" if changed else "")
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], deadline_s: float, every_s: float = 0.5) -> bool:
+    """Poll `check` until it is true (True) or the deadline passes (False)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            if await check():
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(every_s)  # the polling interval of a condition bounded by its deadline
+
+
+def run_chaos(options: Options, bootstrap: str | None = None) -> Result:
+    """Run one chaos test and return its result (the verdict, the timeline, where the logs are)."""
+    return asyncio.run(Chaos(options, bootstrap).run())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--conversations", type=int, default=40)
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=None, help="default: a random seed (printed)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--broker-restarts", type=int, default=0)
+    parser.add_argument("--duration", type=float, default=None, help="seconds of play (default 1.5 per conversation)")
+    parser.add_argument("--fault-rate", type=float, default=0.3, help="share of conversations with one fault")
+    parser.add_argument("--settle-deadline", type=float, default=240.0, help="seconds to wait after the sweep")
+    parser.add_argument("--json", type=Path, default=None, help="write the whole report here")
+    parser.add_argument("--work-dir", type=Path, default=None, help="logs and data (default: a new temp dir)")
+    parser.add_argument(
+        "--code-dir",
+        type=Path,
+        default=ROOT,
+        help="run the router (ingress, workers, sweep, audit) from this source tree, e.g. an exported commit; "
+        "the sandbox and the verifier stay this tree's",
+    )
+    parser.add_argument("--clean", action="store_true", help="remove the work directory after a passing run")
+    args = parser.parse_args(argv)
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None
+    if bootstrap and args.broker_restarts:
+        print("--broker-restarts needs the test's own broker: unset KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr)
+        return 2
+    options = Options(
+        conversations=args.conversations,
+        kills=args.kills,
+        seed=args.seed if args.seed is not None else random.randrange(1_000_000),
+        workers=args.workers,
+        partitions=args.partitions,
+        broker_restarts=args.broker_restarts,
+        duration_s=args.duration,
+        fault_rate=args.fault_rate,
+        json_path=args.json,
+        work_dir=args.work_dir,
+        settle_deadline_s=args.settle_deadline,
+        code_dir=args.code_dir.resolve(),
+    )
+    try:
+        result = run_chaos(options, bootstrap)
+    except StackFailed as exc:
+        print(f"chaos: seed={options.seed} the stack failed: {exc}", file=sys.stderr)
+        return 2
+    report = result.verdict.report()
+    if report:
+        print(report)
+    if args.json is not None:
+        args.json.write_text(json.dumps(result.to_json(), indent=2, default=str))
+    print(result.summary(), flush=True)
+    if result.verdict.passed and args.clean:
+        shutil.rmtree(result.work_dir, ignore_errors=True)
+    return 0 if result.verdict.passed else 1
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop the children on SIGTERM too
+    sys.exit(main())
