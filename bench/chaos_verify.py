@@ -32,9 +32,11 @@ Checks (each failure is a `Violation` naming the conversation, the requests and 
 - `audit_differences`: what `audit --verify` reports (or -1 when it could not run).
 - `wrong_tokens`: a mutation made without the bot token, or a read without the user token.
 
-Informational (never fail a run): `raced`, `jev_repeats` (the same System One input answered 2xx more than
-once, against Decisions 2), `effects_reissued` (command ids written to `<app>.effects` more than once), the
-final endings by scenario kind.
+Informational (never fail a run): `raced`; `repeated_mutations` (an identical router mutation applied again in
+the same turn: a command executed twice, whether or not a person noticed); `late_folds` (acknowledged webhooks
+first applied more than 30 s after they were written; `fold_lag_s` has the max, p50 and p99); `jev_repeats`
+(the same System One input answered 2xx more than once, against Decisions 2); `effects_reissued` (command ids
+written to `<app>.effects` more than once); the final endings by scenario kind.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ USER_OPS = frozenset(
     | {"list_canned", "list_agents"}
 )
 OWNED_FIELDS = ("status", "assignee_id")
+LATE_FOLD_S = 30.0  # twice the workers' session timeout: a webhook applied later than this is reported
 PERSON_ACTIONS = frozenset({"status", "assign", "labels"})
 _PATH = re.compile(r"^/api/v1/accounts/(\d+)/conversations/(\d+)(?:/|$)")
 
@@ -73,6 +76,7 @@ class Record:
     offset: int
     key: str
     value: Any
+    timestamp_ms: int = 0  # the broker's record timestamp (when it was produced)
 
 
 @dataclass
@@ -154,6 +158,16 @@ class Verdict:
             lines.append(f"… and {len(self.violations) - limit} more violations")
         for raced in self.info.get("raced", [])[:10]:
             lines.append(f"[raced, allowed by §12.1] {raced['conversation']}: {raced['detail']}")
+        for repeat in self.info.get("repeated_mutations", [])[:10]:
+            lines.append(
+                f"[info: executed again] {repeat['conversation']}: {repeat['call']} {repeat['after_s']}s after "
+                f"seq={repeat['first_seq']}"
+            )
+        for late in self.info.get("late_folds", [])[:10]:
+            lines.append(
+                f"[info: late fold] {late['conversation']}: {late['event']} at partition {late['partition']} offset "
+                f"{late['offset']} applied {late['lag_s']}s after it was written"
+            )
         if self.info.get("jev_repeats"):
             lines.append(f"[info] System One answered the same input more than once: {self.info['jev_repeats']}")
         return "\n".join(lines)
@@ -470,6 +484,62 @@ def endings(ev: Evidence) -> dict[str, dict[str, int]]:
     return {kind: dict(counter) for kind, counter in sorted(table.items())}
 
 
+def fold_lags(ev: Evidence) -> list[dict[str, Any]]:
+    """Per acknowledged webhook record: seconds from its write to the first state that applied it (record
+    timestamps, one machine's clock), slowest first."""
+    first_applied: dict[tuple[str, int], int] = {}
+    for record in ev.changelog:
+        if isinstance(record.value, dict) and isinstance(record.value.get("offset"), int):
+            slot = (record.key, record.value["offset"])
+            first_applied[slot] = min(first_applied.get(slot, record.timestamp_ms), record.timestamp_ms)
+    lags = []
+    for record in ev.events:
+        if isinstance(record.value, dict) and record.value.get("type") == "webhook_received":
+            applied = first_applied.get((record.key, record.offset))
+            if applied is not None:
+                lags.append(
+                    {
+                        "conversation": record.key,
+                        "partition": record.partition,
+                        "offset": record.offset,
+                        "event": record.value.get("event"),
+                        "lag_s": round((applied - record.timestamp_ms) / 1000, 3),
+                    }
+                )
+    return sorted(lags, key=lambda lag: -lag["lag_s"])
+
+
+def repeated_mutations(ev: Evidence, calls: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Router mutations applied again, identically, within one turn (no customer message gave the conversation
+    back to the bot in between): a command executed more than once, whether or not a person noticed."""
+    pending_at: dict[str, list[int]] = defaultdict(list)
+    for action in ev.person_actions:
+        before, after = action["before"]["status"], action["after"]["status"]
+        if action["action"] == "customer_message" and after == "pending" and before != "pending":
+            pending_at[f"{action['account_id']}:{action['conversation_id']}"].append(action["seq"])
+    found = []
+    for key in ev.scope:
+        seen: dict[tuple[str, str], dict[str, Any]] = {}
+        for call in sorted(
+            (c for c in calls.get(key, []) if c["op"] in MUTATIONS and c.get("applied")), key=lambda c: c["applied_seq"]
+        ):
+            slot = (call["op"], json.dumps(call.get("body"), sort_keys=True))
+            earlier = seen.get(slot)
+            if earlier is not None and not any(
+                earlier["applied_seq"] < seq < call["applied_seq"] for seq in pending_at.get(key, [])
+            ):
+                found.append(
+                    {
+                        "conversation": key,
+                        "call": _call_text(call),
+                        "after_s": round(call["applied_at"] - earlier["applied_at"], 2),
+                        "first_seq": earlier["applied_seq"],
+                    }
+                )
+            seen[slot] = call
+    return found
+
+
 def check(ev: Evidence) -> Verdict:
     calls = _by_key(ev.api_calls)
     duplicates = check_duplicates(ev, calls)
@@ -492,7 +562,11 @@ def check(ev: Evidence) -> Verdict:
         )
     else:
         audit_count = len(ev.audit.differences)
-        violations += [Violation("audit_differences", line.split(":")[0], line) for line in ev.audit.differences]
+        violations += [
+            Violation("audit_differences", ":".join(line.split(":")[:2]), line) for line in ev.audit.differences
+        ]
+    lags = fold_lags(ev)
+    repeats = repeated_mutations(ev, calls)
     effect_ids = Counter(
         str(r.value.get("command_id")) for r in ev.effects if isinstance(r.value, dict) and r.value.get("command_id")
     )
@@ -506,9 +580,18 @@ def check(ev: Evidence) -> Verdict:
         "wrong_tokens": len(tokens),
         "raced": len(raced),
         "jev_repeats": len(jev_repeats(ev)),
+        "repeated_mutations": len(repeats),
+        "late_folds": sum(1 for lag in lags if lag["lag_s"] > LATE_FOLD_S),
     }
     info = {
         "raced": raced,
+        "repeated_mutations": repeats,
+        "fold_lag_s": {
+            "max": lags[0]["lag_s"] if lags else 0.0,
+            "p50": lags[len(lags) // 2]["lag_s"] if lags else 0.0,
+            "p99": lags[len(lags) // 100]["lag_s"] if lags else 0.0,
+        },
+        "late_folds": [lag for lag in lags if lag["lag_s"] > LATE_FOLD_S],
         "jev_repeats": jev_repeats(ev),
         "effects_reissued": sum(1 for n in effect_ids.values() if n > 1),
         "effects_records": sum(effect_ids.values()),
@@ -571,7 +654,7 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 120) -> list
                 batch = await consumer.getmany(timeout_ms=500)
                 for tp, messages in batch.items():
                     records += [
-                        Record(m.partition, m.offset, _table_key(m.key), _decode(m.value))
+                        Record(m.partition, m.offset, _table_key(m.key), _decode(m.value), m.timestamp)
                         for m in messages
                         if m.offset < ends[tp]
                     ]

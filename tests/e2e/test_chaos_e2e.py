@@ -1,0 +1,35 @@
+"""The kill-loop test, short variant (issue 15; the long one is documented in docs/chaos.md).
+
+One ingress and two workers (same app id, 8 partitions) route 40 conversations over a minute — assignments,
+canned reply then resolve, spam, handoffs, snoozed newsletters, second messages, people taking over pending
+conversations and editing ended ones, Chatwoot faults — while a random worker (sometimes the ingress) is
+SIGKILLed 10 times and restarted within 2 s. Then a settle, an operator sweep, and bench/chaos_verify.py's
+independent checks: no duplicate reply, no stale mutation undoing a person's change, no acknowledged webhook
+left unfolded, every conversation ended, `audit --verify` clean. `CHAOS_SEED` replays a seed's plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from bench.chaos import Options, run_chaos
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.timeout(480)
+def test_kill_loop_loses_nothing_and_runs_nothing_stale(kafka_bootstrap: str, tmp_path: Path) -> None:
+    seed = int(os.environ.get("CHAOS_SEED") or random.randrange(1_000_000))
+    work = tmp_path / "chaos"
+    options = Options(conversations=40, kills=10, seed=seed, workers=2, partitions=8, work_dir=work)
+    result = run_chaos(options, kafka_bootstrap)
+    (work / "report.json").write_text(json.dumps(result.to_json(), indent=2, default=str))
+    assert result.verdict.passed, (
+        f"{result.summary()}\n{result.verdict.report()}\n"
+        f"report, evidence (re-check: python -m bench.chaos_verify FILE) and process logs in {work}"
+    )
