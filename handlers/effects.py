@@ -35,7 +35,7 @@ from projections.jev import JevError, build_request
 from projections.redaction import email_domain
 from projections.turn import ReplyHistoryScan, TurnPager, parse_message
 from schemas.chatwoot import Conversation, Message
-from schemas.config import Settings
+from schemas.config import RouterConfig, Settings
 from schemas.records import (
     AgentsResult,
     Assign,
@@ -197,15 +197,19 @@ class EffectExecutor:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def execute(self, command: EffectCommand) -> EffectOutcome:
-        """Run one command; failures come back as `outcome.error`, never as exceptions."""
+    async def execute(self, command: EffectCommand, config: RouterConfig | None = None) -> EffectOutcome:
+        """Run one command; failures come back as `outcome.error`, never as exceptions.
+
+        `config` is the configuration version in force for the command's partition (DESIGN §8); it decides the
+        System One question. Endpoints and secrets stay those the executor was started with.
+        """
         if isinstance(command.params, Decide):
-            return await self._decide_once(command)
-        return await self._run(command)
+            return await self._decide_once(command, config or self._config)
+        return await self._run(command, config or self._config)
 
     # --- the decide memo -----------------------------------------------------------------------------------
 
-    async def _decide_once(self, command: EffectCommand) -> EffectOutcome:
+    async def _decide_once(self, command: EffectCommand, config: RouterConfig) -> EffectOutcome:
         """A re-issued decide (same command id) gets the remembered outcome: System One is asked once.
 
         The remembered outcome keeps its `requests` (the fold charges the call once, whichever copy it
@@ -230,7 +234,7 @@ class EffectExecutor:
         future: asyncio.Future[EffectOutcome] = asyncio.get_running_loop().create_future()
         self._deciding[key] = future
         try:
-            outcome = await self._run(command)
+            outcome = await self._run(command, config)
         except BaseException:
             future.cancel()
             raise
@@ -244,13 +248,13 @@ class EffectExecutor:
 
     # --- dispatch ------------------------------------------------------------------------------------------
 
-    async def _run(self, command: EffectCommand) -> EffectOutcome:
+    async def _run(self, command: EffectCommand, config: RouterConfig) -> EffectOutcome:
         chatwoot = self._chatwoot.metered()  # counts this command's requests only, even with lanes in parallel
         counter = _JevCount()
         result: OutcomeResult | None = None
         error: EffectError | None = None
         try:
-            result = await self._dispatch(command, chatwoot, counter)
+            result = await self._dispatch(command, chatwoot, counter, config)
         except Exception as exc:
             error = classify(exc)
             if error.reason is not None and error.reason.startswith("internal error"):
@@ -287,7 +291,9 @@ class EffectExecutor:
         )
         return error.model_copy(update={"kind": "unconfirmed"})
 
-    async def _dispatch(self, command: EffectCommand, chatwoot: ChatwootClient, jev: _JevCount) -> OutcomeResult:
+    async def _dispatch(
+        self, command: EffectCommand, chatwoot: ChatwootClient, jev: _JevCount, config: RouterConfig
+    ) -> OutcomeResult:
         p = command.params
         account = command.account_id
         if isinstance(p, ListConversations):
@@ -313,11 +319,11 @@ class EffectExecutor:
                 return InboxBotResult()
             return InboxBotResult(bot_id=bot.id, bot_account_id=bot.account_id)
         if isinstance(p, Decide):
-            if not self._config.is_routed(account):
+            if not config.is_routed(account):
                 raise _BadCommand(f"account {account} is not routed")
-            body = build_request(self._config, account, p.text)
+            body = build_request(config, account, p.text)
             jev.requests += 1  # SystemOneClient.post counts first thing, so every decide call is one request
-            decision = await self._systemone.decide(body, self._config.routing.min_confidence)
+            decision = await self._systemone.decide(body, config.routing.min_confidence)
             return DecideResult(decision=decision)
         return await self._conversation_op(command, chatwoot)
 

@@ -15,6 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 from projections.fold import DEFAULT_RETRY_BASE_MS, fold
 from projections.jev import Decision
 from schemas.config import RouterConfig
+from schemas.configs import ConfigBook
 from schemas.records import (
     Assign,
     ConversationEvent,
@@ -29,6 +30,7 @@ from schemas.records import (
     ToggleStatus,
     TurnOutcome,
     WebhookReceived,
+    parse_marker,
 )
 from schemas.state import ConversationState
 
@@ -57,6 +59,7 @@ class ConversationTrail:
     labels: tuple[str, ...] | None = None
     replies_sent: int = 0
     events: int = 0
+    config_version: str | None = None
 
     def apply(
         self,
@@ -65,13 +68,18 @@ class ConversationTrail:
         config: RouterConfig,
         *,
         retry_base_ms: int = DEFAULT_RETRY_BASE_MS,
+        config_version: str | None = None,
     ) -> list[TurnOutcome]:
-        """Fold one event into the trail; returns the turn outcomes it produced."""
+        """Fold one event into the trail under configuration `config_version`; returns its turn outcomes."""
         if offset <= self.state.offset:
             return []
         self.events += 1
+        if config_version is not None and config_version != self.config_version:
+            what = "configuration" if self.config_version is None else "configuration changed"
+            self.entries.append(TrailEntry(event.at_ms, what, f"version {config_version} in force"))
+            self.config_version = config_version
         self._describe_event(event)
-        result = fold(self.state, event, offset, config, retry_base_ms=retry_base_ms)
+        result = fold(self.state, event, offset, config, retry_base_ms=retry_base_ms, config_version=config_version)
         self.state = result.state
         for command in result.commands:
             self._describe_command(command)
@@ -125,23 +133,56 @@ class ConversationTrail:
 
 
 class LogReplay:
-    """Every conversation's trail, rebuilt from the raw records of `<app>.conversations` in offset order."""
+    """Every conversation's trail, rebuilt from the raw records of `<app>.conversations` in offset order.
 
-    def __init__(self, config: RouterConfig, *, retry_base_ms: int = DEFAULT_RETRY_BASE_MS) -> None:
+    With a `book` (the documents of `<app>.configs`), each partition is folded under the version its last
+    `ConfigApplied` marker named, exactly as the worker did (DESIGN §8); without one, under `config`.
+    """
+
+    def __init__(
+        self,
+        config: RouterConfig | None = None,
+        *,
+        retry_base_ms: int = DEFAULT_RETRY_BASE_MS,
+        book: ConfigBook | None = None,
+    ) -> None:
         self.config = config
         self.retry_base_ms = retry_base_ms
+        self.book = book if book is not None and len(book) else None
+        if self.config is None and self.book is None:
+            raise ValueError("a replay needs a configuration or the applied configuration versions")
+        self.partition_versions: dict[int, str] = {}
         self.trails: dict[str, ConversationTrail] = {}
         self.undecodable = 0
+        self.markers = 0
 
-    def feed(self, value: bytes | None, offset: int) -> None:
-        """Apply one record; one that is not a conversation event is counted, as the worker dead-letters it."""
+    def feed(self, value: bytes | None, offset: int, partition: int = 0) -> None:
+        """Apply one record of `partition`; one that is not a conversation event is counted, as the worker
+        dead-letters it; a `ConfigApplied` marker switches the partition's configuration."""
+        marker = parse_marker(value)
+        if marker is not None:
+            self.markers += 1
+            if self.book is not None and marker.version in self.book:
+                self.partition_versions[partition] = marker.version
+            return
         try:
             event = _EVENT.validate_json(value or b"")
         except ValidationError:
             self.undecodable += 1
             return
         trail = self.trails.setdefault(event.key, ConversationTrail(key=event.key))
-        trail.apply(event, offset, self.config, retry_base_ms=self.retry_base_ms)
+        document = self.book.in_force(self.partition_versions.get(partition)) if self.book is not None else None
+        if document is None:
+            assert self.config is not None
+            trail.apply(event, offset, self.config, retry_base_ms=self.retry_base_ms)
+        else:
+            trail.apply(
+                event,
+                offset,
+                document.config,
+                retry_base_ms=document.fold.retry_base_ms,
+                config_version=document.version,
+            )
 
     def trail(self, key: str) -> ConversationTrail:
         return self.trails.get(key) or ConversationTrail(key=key)

@@ -102,15 +102,20 @@ def fold(
     config: RouterConfig,
     *,
     retry_base_ms: int = DEFAULT_RETRY_BASE_MS,
+    config_version: str | None = None,
 ) -> FoldResult:
-    """Apply one event; an offset already applied changes nothing (DESIGN §5)."""
+    """Apply one event under `config` (version `config_version`, recorded in the state); an offset already
+    applied changes nothing (DESIGN §5)."""
     if offset <= state.offset:
         return FoldResult(state, [], wakeup_of(state), [])
     key = event.key
     account_id, conversation_id = (int(part) for part in key.split(":"))
     folder = _Folder(state, config, account_id, conversation_id, event.at_ms, offset, retry_base_ms)
     folder.apply(event)
-    return folder.finish()
+    result = folder.finish()
+    if config_version is None or result.state.config_version == config_version:
+        return result
+    return result._replace(state=result.state.model_copy(update={"config_version": config_version}))
 
 
 class _Folder:
@@ -165,7 +170,14 @@ class _Folder:
         job = self.job if self.job is None or self.job == o.job else self.job.model_copy(update=stamp)
         run = self.run if self.run is None or self.run == o.run else self.run.model_copy(update=stamp)
         state = ConversationState(
-            offset=self.offset, guard=guard, ledger=ledger, memos=self.memos, job=job, run=run, runs=self.runs
+            offset=self.offset,
+            guard=guard,
+            ledger=ledger,
+            memos=self.memos,
+            job=job,
+            run=run,
+            runs=self.runs,
+            config_version=o.config_version,
         )
         return FoldResult(state, self.commands, wakeup_of(state), self.outcomes)
 

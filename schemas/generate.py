@@ -12,7 +12,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from schemas.configs import ConfigDocument
 from schemas.records import (
+    ConfigApplied,
     EffectCommand,
     EffectOutcome,
     SweepFound,
@@ -33,6 +35,8 @@ MODELS: tuple[type[BaseModel], ...] = (
     SweepRequested,
     ConversationState,
     SweepState,
+    ConfigApplied,
+    ConfigDocument,
 )
 
 

@@ -386,15 +386,35 @@ class EffectOutcome(Record):
     requests: int = 0
 
 
-ConversationEvent = Annotated[
-    WebhookReceived | SweepFound | EffectOutcome | TimerFired, Field(discriminator="type")
-]
+class ConfigApplied(Record):
+    """Marker written into every partition of `conversations` and `sweeps` by `config apply` (DESIGN §8).
+
+    From this record on, the partition is folded under configuration `version` (a document on `<app>.configs`),
+    so a replay switches at exactly the same offset as the live worker did.
+    """
+
+    type: Literal["config_applied"] = "config_applied"
+    key: str = "config"
+    version: str = Field(description="content hash of the configuration document")
+
+
+def parse_marker(raw: bytes | None) -> ConfigApplied | None:
+    """The `ConfigApplied` marker `raw` holds, or None for any other record."""
+    if raw is None or b'"config_applied"' not in raw:
+        return None
+    try:
+        return ConfigApplied.model_validate_json(raw)
+    except ValueError:
+        return None  # another record that merely quotes the word
+
+
+ConversationEvent = Annotated[WebhookReceived | SweepFound | EffectOutcome | TimerFired, Field(discriminator="type")]
 SweepEvent = Annotated[SweepRequested | EffectOutcome | TimerFired, Field(discriminator="type")]
 
 TOPIC_RECORDS: dict[str, tuple[type[Record], ...]] = {
-    "conversations": (WebhookReceived, SweepFound, EffectOutcome, TimerFired),
+    "conversations": (WebhookReceived, SweepFound, EffectOutcome, TimerFired, ConfigApplied),
     "effects": (EffectCommand,),
-    "sweeps": (SweepRequested, EffectOutcome, TimerFired),
+    "sweeps": (SweepRequested, EffectOutcome, TimerFired, ConfigApplied),
 }
 
 

@@ -125,6 +125,7 @@ class ConversationState(_State):
     job: Job | None = None
     run: Run | None = None
     runs: int = Field(default=0, description="runs started so far; the run number in command ids")
+    config_version: str | None = Field(default=None, description="the configuration version it was last folded under")
 
 
 class SweepJob(_State):

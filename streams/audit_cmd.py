@@ -20,13 +20,15 @@ from pathlib import Path
 
 from aiokafka import ConsumerRecord
 
+from handlers.config_store import read_book
 from handlers.log_reader import read_topic
 from projections.audit import ConversationTrail, LogReplay, render_text
-from schemas.config import ConfigError, RouterConfig, load_config_file
+from schemas.config import ConfigError, load_config_file
 from schemas.state import ConversationState
 from streams.config_cmd import env_or_exit
 
 STATE_TABLE = "conversation_state"
+MARKER_KEY = b"config"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="compare replayed states with the live table (only --conversation's, when given)",
     )
     parser.add_argument("--html", type=Path, metavar="FILE", help="also write the timeline as HTML")
-    parser.add_argument("--config", help="configuration file (default $ROUTER_CONFIG)")
+    parser.add_argument(
+        "--config",
+        help="configuration file, only for a log without applied configuration versions (default $ROUTER_CONFIG)",
+    )
 
 
 def _settings() -> tuple[str, str, int]:
@@ -49,18 +54,29 @@ def _progress(count: int, rate: float) -> None:
     print(f"  … {count} records replayed ({rate:,.0f}/s)", file=sys.stderr, flush=True)
 
 
-async def replay_all(
-    bootstrap: str, topic: str, config: RouterConfig, retry_base_ms: int, only_key: str | None = None
-) -> LogReplay:
-    """Every conversation's trail (or only `only_key`'s) rebuilt from the topic."""
-    replay = LogReplay(config, retry_base_ms=retry_base_ms)
+async def replay_all(bootstrap: str, topic: str, replay: LogReplay, only_key: str | None = None) -> LogReplay:
+    """Every conversation's trail (or only `only_key`'s) rebuilt from the topic; markers always apply."""
+    wanted = {only_key.encode(), MARKER_KEY} if only_key is not None else None
 
     def apply(record: ConsumerRecord[bytes, bytes]) -> None:
-        if only_key is None or record.key == only_key.encode():
-            replay.feed(record.value, record.offset)
+        if wanted is None or record.key in wanted:
+            replay.feed(record.value, record.offset, record.partition)
 
     await read_topic(bootstrap, topic, apply, progress=_progress)
     return replay
+
+
+def new_replay(args: argparse.Namespace, bootstrap: str, app_id: str, retry_base_ms: int) -> LogReplay | None:
+    """A replay under the applied configuration versions; the file and the environment only for an old log."""
+    book = asyncio.run(read_book(bootstrap, app_id))
+    if len(book):
+        return LogReplay(book=book)
+    try:
+        config = load_config_file(args.config or env_or_exit().config_path or "")
+    except ConfigError as exc:
+        print(f"no configuration version was ever applied on {app_id}.configs; {exc}", file=sys.stderr)
+        return None
+    return LogReplay(config, retry_base_ms=retry_base_ms)
 
 
 def render_html(trail: ConversationTrail) -> str:
@@ -115,24 +131,22 @@ def diff_states(replayed: dict[str, ConversationState], live: dict[str, Conversa
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = load_config_file(args.config or env_or_exit().config_path or "")
-    except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
     if not (args.conversation or args.verify):
         print("chatwoot-router audit: give --conversation ACCOUNT:CONVERSATION, --verify, or both", file=sys.stderr)
         return 2
     bootstrap, app_id, retry_base = _settings()
     topic = f"{app_id}.conversations"
+    fresh = new_replay(args, bootstrap, app_id, retry_base)
+    if fresh is None:
+        return 2
     if args.conversation and not args.verify:
-        replay = asyncio.run(replay_all(bootstrap, topic, config, retry_base, only_key=args.conversation))
+        replay = asyncio.run(replay_all(bootstrap, topic, fresh, only_key=args.conversation))
         trail = replay.trail(args.conversation)
         print(render_text(trail), end="")
         if args.html:
             args.html.write_text(render_html(trail), encoding="utf-8")
         return 0
-    replay = asyncio.run(replay_all(bootstrap, topic, config, retry_base, only_key=args.conversation))
+    replay = asyncio.run(replay_all(bootstrap, topic, fresh, only_key=args.conversation))
     live = asyncio.run(read_live_states(bootstrap, app_id))
     if args.conversation:
         live = {k: v for k, v in live.items() if k == args.conversation}

@@ -15,8 +15,11 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 
+from handlers.config_store import apply as apply_config
+from handlers.config_store import ensure_configs_topic, read_book
 from handlers.kafka_topics import ensure_topics
-from schemas.config import ConfigError
+from schemas.config import ConfigError, Settings
+from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from streams.config_cmd import EXIT_INVALID_CONFIG, load_or_exit
 from streams.worker import WorkerEnv, build_worker, read_worker_env
 from streams.worker.app import TABLES, changelog_topic
@@ -83,6 +86,19 @@ async def prepare_topics(env: WorkerEnv) -> int:
         await admin.close()
 
 
+async def prepare_configuration(settings: Settings, env: WorkerEnv) -> ConfigBook:
+    """Make this worker's configuration file an event when it differs from the latest applied (DESIGN §8)."""
+    await ensure_configs_topic(env.bootstrap, env.app_id)
+    book = await read_book(env.bootstrap, env.app_id)
+    own = ConfigDocument.of(settings.config, FoldSettings(retry_base_ms=env.retry_base_ms))
+    latest = book.latest
+    if latest is None or latest.version != own.version:
+        markers = await apply_config(env.bootstrap, env.app_id, own)
+        print(f"applied configuration version {own.version} ({markers} partitions marked)", file=sys.stderr)
+        book = await read_book(env.bootstrap, env.app_id)
+    return book
+
+
 def run(args: argparse.Namespace) -> int:
     import faust
 
@@ -90,13 +106,14 @@ def run(args: argparse.Namespace) -> int:
     env = env_or_exit()
     try:
         replication = asyncio.run(prepare_topics(env))
+        book = asyncio.run(prepare_configuration(settings, env))
     except Exception as exc:  # exit non-zero so a supervisor restarts us once Kafka is back
         print(f"kafka not usable at {env.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_KAFKA_UNAVAILABLE
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     worker_app = build_worker(
-        settings, env, web_host=args.web_host, web_port=args.web_port, replication_factor=replication
+        settings, env, web_host=args.web_host, web_port=args.web_port, replication_factor=replication, book=book
     )
     worker = faust.Worker(
         worker_app.app,

@@ -50,6 +50,7 @@ import faust
 from aiokafka.errors import KafkaError
 from faust.web import Request, Response, View
 
+from handlers.config_store import read_book
 from handlers.effects import EffectExecutor
 from handlers.lanes import Lanes
 from handlers.partition_reader import FetchedRecord, PartitionReader, RangeNotRead
@@ -59,8 +60,10 @@ from projections.fold import fold
 from projections.offsets import OffsetTracker
 from projections.sweep import fold_sweep
 from projections.timer_index import TimerIndex
-from schemas.config import Settings
+from schemas.config import RouterConfig, Settings
+from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.records import (
+    ConfigApplied,
     EffectCommand,
     EffectError,
     EffectOutcome,
@@ -76,6 +79,7 @@ from streams.worker.codec import (
     check_key,
     decode_command,
     decode_conversation_event,
+    decode_marker,
     decode_sweep_event,
     dlq_headers,
     encode,
@@ -90,7 +94,7 @@ SHUTDOWN_DRAIN_S = 5.0
 REVOKE_DRAIN_S = 5.0
 SESSION_TIMEOUT_S = 15.0
 SWEEP_STATUSES = ("pending", "open")
-TABLES = ("conversation_state", "sweep_state", "timers", "effect_attempts")
+TABLES = ("conversation_state", "sweep_state", "timers", "effect_attempts", "partition_configs")
 
 
 def changelog_topic(app_id: str, table: str) -> str:
@@ -120,12 +124,15 @@ class WorkerApp:
         web_port: int = 6066,
         replication_factor: int = 1,
         executor: Any = None,
+        book: ConfigBook | None = None,
         lanes: Lanes | None = None,
         metrics: WorkerMetrics | None = None,
         now_ms: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self.settings = settings
         self.config = settings.config
+        self.own_document = ConfigDocument.of(settings.config, FoldSettings(retry_base_ms=env.retry_base_ms))
+        self.book = book if book is not None else ConfigBook([self.own_document])
         self.env = env
         self.now_ms = now_ms
         self.instance_id = uuid.uuid4().hex  # tells this process's commands from those of a dead or departed one
@@ -179,11 +186,13 @@ class WorkerApp:
             "partitions": partitions,
             "schema": faust.Schema(key_serializer="raw", value_serializer="json"),
         }
-        states, sweep_states, timers, effect_attempts = TABLES
+        states, sweep_states, timers, effect_attempts, partition_configs = TABLES
         self.states = self.app.Table(states, **table)
         self.sweep_states = self.app.Table(sweep_states, **table)
         self.timers = self.app.Table(timers, **table)
         self.effect_attempts = self.app.Table(effect_attempts, **table)
+        # "conversations:<p>" / "sweeps:<p>" -> the configuration version partition p is folded under (DESIGN §8)
+        self.partition_configs = self.app.Table(partition_configs, **table)
         self._wire()
 
     # --- wiring ------------------------------------------------------------------------------------------
@@ -424,13 +433,48 @@ class WorkerApp:
             headers=dlq_headers(error, message.topic, message.partition, message.offset),
         )
 
+    # --- configuration versions (DESIGN §8) ------------------------------------------------------------
+
+    def document_in_force(self, topic: str, partition: int) -> ConfigDocument:
+        """The configuration partition `partition` of `topic` ("conversations" or "sweeps") is folded under."""
+        version = self.partition_configs.get(f"{topic}:{partition}")
+        return self.book.in_force(version) or self.own_document
+
+    def latest_document(self) -> ConfigDocument:
+        return self.book.latest or self.own_document
+
+    async def switch_config(self, topic: str, partition: int, marker: ConfigApplied) -> None:
+        """Fold a `ConfigApplied` marker: from the next record on, the partition uses its version."""
+        if marker.version not in self.book:
+            for document in (await read_book(self.env.bootstrap, self.env.app_id)).documents():
+                self.book.add(document)
+        if marker.version not in self.book:
+            raise Undecodable(f"configuration version {marker.version} is not on the configs topic")
+        self.partition_configs[f"{topic}:{partition}"] = marker.version
+        self.metrics.config_switches.inc()
+        log.info(
+            "configuration version in force", extra={"topic": topic, "partition": partition, "version": marker.version}
+        )
+
     async def handle_conversation_event(self, event: Any) -> None:
+        marker = decode_marker(event.value)
+        if marker is not None:
+            await self.switch_config("conversations", event.message.partition, marker)
+            return
         record = decode_conversation_event(event.value)
         check_key(event.key, record.key)
         key, partition, offset = record.key, event.message.partition, event.message.offset
         stored = self.states.get(key)
         state = ConversationState.model_validate(stored) if stored is not None else ConversationState()
-        result = fold(state, record, offset, self.config, retry_base_ms=self.env.retry_base_ms)
+        document = self.document_in_force("conversations", partition)
+        result = fold(
+            state,
+            record,
+            offset,
+            document.config,
+            retry_base_ms=document.fold.retry_base_ms,
+            config_version=document.version,
+        )
         if result.state is not state:
             self.states[key] = result.state.model_dump(mode="json")
             self.metrics.events_folded.labels("conversations", record.type).inc()
@@ -443,12 +487,17 @@ class WorkerApp:
             self.report_turn(outcome)
 
     async def handle_sweep_event(self, event: Any) -> None:
+        marker = decode_marker(event.value)
+        if marker is not None:
+            await self.switch_config("sweeps", event.message.partition, marker)
+            return
         record = decode_sweep_event(event.value)
         check_key(event.key, record.key)
         key, partition, offset = record.key, event.message.partition, event.message.offset
         stored = self.sweep_states.get(key)
         state = SweepState.model_validate(stored) if stored is not None else SweepState()
-        result = fold_sweep(state, record, offset, self.config, retry_base_ms=self.env.retry_base_ms)
+        document = self.document_in_force("sweeps", partition)
+        result = fold_sweep(state, record, offset, document.config, retry_base_ms=document.fold.retry_base_ms)
         if result.state is not state:
             self.sweep_states[key] = result.state.model_dump(mode="json")
             self.metrics.events_folded.labels("sweeps", record.type).inc()
@@ -486,7 +535,8 @@ class WorkerApp:
         if needs_attempt_record(command):
             self.effect_attempts[command.key] = Attempt.of(command, self.instance_id).model_dump(mode="json")
             await self.app.producer.flush()  # the attempt is durable before the call can happen
-        await self.lanes.submit(command.key, command.account_id, lambda: self.execute(command))
+        config = self.document_in_force("conversations", event.message.partition).config
+        await self.lanes.submit(command.key, command.account_id, lambda: self.execute(command, config))
 
     async def report_unconfirmed(self, command: EffectCommand) -> None:
         """The outcome of a reply whose earlier attempt's result is unknown: the fold checks history or hands off."""
@@ -503,10 +553,10 @@ class WorkerApp:
         self.metrics.count_outcome(outcome, 0.0)
         await self._send(self.conversations, command.key, outcome)
 
-    async def execute(self, command: EffectCommand) -> None:
+    async def execute(self, command: EffectCommand, config: RouterConfig | None = None) -> None:
         """Run one command in its lane and record its outcome as an event on the command's key."""
         started = time.monotonic()
-        outcome: EffectOutcome = await self.executor.execute(command)
+        outcome: EffectOutcome = await self.executor.execute(command, config)
         self.metrics.count_outcome(outcome, time.monotonic() - started)
         topic = self.sweeps if command.op == "list_conversations" else self.conversations
         await self._send(topic, command.key, outcome)
@@ -585,7 +635,7 @@ class WorkerApp:
 
     def sweep_requests(self, account: int | None = None) -> list[SweepRequested]:
         now = self.now_ms()
-        accounts = [account] if account is not None else sorted(self.config.routing.accounts)
+        accounts = [account] if account is not None else sorted(self.latest_document().config.routing.accounts)
         return [SweepRequested(account_id=a, status=s, at_ms=now) for a in accounts for s in SWEEP_STATUSES]
 
     async def run_leader_sweeps(self) -> None:
@@ -596,7 +646,7 @@ class WorkerApp:
                 for request in self.sweep_requests():
                     await self._send(self.sweeps, request.key, request)
                     self.metrics.sweeps_requested.inc()
-                log.info("sweep requested", extra={"accounts": len(self.config.routing.accounts)})
+                log.info("sweep requested", extra={"accounts": len(self.latest_document().config.routing.accounts)})
             await asyncio.sleep(self.env.sweep_interval_s)
 
     # --- turn outcomes -----------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import TypeAdapter, ValidationError
 
-from schemas.records import ConversationEvent, EffectCommand, Record, SweepEvent
+from schemas.records import ConfigApplied, ConversationEvent, EffectCommand, Record, SweepEvent, parse_marker
 
 _conversation_events: TypeAdapter[ConversationEvent] = TypeAdapter(ConversationEvent)
 _sweep_events: TypeAdapter[SweepEvent] = TypeAdapter(SweepEvent)
@@ -38,6 +38,11 @@ def decode_conversation_event(raw: bytes | None) -> ConversationEvent:
 def decode_sweep_event(raw: bytes | None) -> SweepEvent:
     event: SweepEvent = _decode(_sweep_events, raw, "sweep event")
     return event
+
+
+def decode_marker(raw: bytes | None) -> ConfigApplied | None:
+    """The `ConfigApplied` marker `raw` holds, or None for any other record (DESIGN §8)."""
+    return parse_marker(raw)
 
 
 def decode_command(raw: bytes | None) -> EffectCommand:
