@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import html
 import json
 import sys
 from pathlib import Path
@@ -21,8 +20,10 @@ from pathlib import Path
 from aiokafka import ConsumerRecord
 
 from handlers.config_store import read_book
+from handlers.console.render import render_conversation
 from handlers.log_reader import read_topic
-from projections.audit import ConversationTrail, LogReplay, render_text
+from projections.audit import LogReplay, render_text
+from projections.console_model import ConsoleModel
 from schemas.config import ConfigError, load_config_file
 from schemas.state import ConversationState
 from streams.config_cmd import env_or_exit
@@ -38,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="compare replayed states with the live table (only --conversation's, when given)",
     )
-    parser.add_argument("--html", type=Path, metavar="FILE", help="also write the timeline as HTML")
+    parser.add_argument(
+        "--html", type=Path, metavar="FILE", help="also write the console's conversation page as a standalone file"
+    )
     parser.add_argument(
         "--config",
         help="configuration file, only for a log without applied configuration versions (default $ROUTER_CONFIG)",
@@ -54,13 +57,18 @@ def _progress(count: int, rate: float) -> None:
     print(f"  … {count} records replayed ({rate:,.0f}/s)", file=sys.stderr, flush=True)
 
 
-async def replay_all(bootstrap: str, topic: str, replay: LogReplay, only_key: str | None = None) -> LogReplay:
-    """Every conversation's trail (or only `only_key`'s) rebuilt from the topic; markers always apply."""
+async def replay_all(
+    bootstrap: str, topic: str, replay: LogReplay, only_key: str | None = None, page: ConsoleModel | None = None
+) -> LogReplay:
+    """Every conversation's trail (or only `only_key`'s) rebuilt from the topic; markers always apply. `page`,
+    when given, is fed the same records (the console's read model, for --html)."""
     wanted = {only_key.encode(), MARKER_KEY} if only_key is not None else None
 
     def apply(record: ConsumerRecord[bytes, bytes]) -> None:
         if wanted is None or record.key in wanted:
             replay.feed(record.value, record.offset, record.partition)
+            if page is not None:
+                page.feed(record.value, record.offset, record.partition, record.key)
 
     await read_topic(bootstrap, topic, apply, progress=_progress)
     return replay
@@ -79,16 +87,14 @@ def new_replay(args: argparse.Namespace, bootstrap: str, app_id: str, retry_base
     return LogReplay(config, retry_base_ms=retry_base_ms)
 
 
-def render_html(trail: ConversationTrail) -> str:
-    rows = "\n".join(
-        f"<tr><td>{e.at_ms}</td><td>{html.escape(e.what)}</td><td>{html.escape(e.detail)}</td></tr>"
-        for e in trail.entries
-    )
-    return (
-        f"<!doctype html><meta charset=utf-8><title>conversation {html.escape(trail.key)}</title>"
-        f"<h1>conversation {html.escape(trail.key)}</h1><table border=1 cellpadding=4>"
-        f"<tr><th>time (ms)</th><th>what</th><th>detail</th></tr>\n{rows}\n</table>\n"
-    )
+def render_html(key: str, page: ConsoleModel) -> str:
+    """The console's conversation page for `key`, as a standalone file (inline CSS, no script, no server links)."""
+    return render_conversation(key, page.timeline(key), standalone=True)
+
+
+def page_model(replay: LogReplay, key: str) -> ConsoleModel:
+    """The console's read model of one conversation, folded under the same configurations as `replay`."""
+    return ConsoleModel(replay.config, retry_base_ms=replay.retry_base_ms, book=replay.book, only_key=key)
 
 
 async def read_live_states(bootstrap: str, app_id: str) -> dict[str, ConversationState]:
@@ -140,11 +146,12 @@ def run(args: argparse.Namespace) -> int:
     if fresh is None:
         return 2
     if args.conversation and not args.verify:
-        replay = asyncio.run(replay_all(bootstrap, topic, fresh, only_key=args.conversation))
+        page = page_model(fresh, args.conversation) if args.html else None
+        replay = asyncio.run(replay_all(bootstrap, topic, fresh, only_key=args.conversation, page=page))
         trail = replay.trail(args.conversation)
         print(render_text(trail), end="")
-        if args.html:
-            args.html.write_text(render_html(trail), encoding="utf-8")
+        if args.html and page is not None:
+            args.html.write_text(render_html(args.conversation, page), encoding="utf-8")
         return 0
     replay = asyncio.run(replay_all(bootstrap, topic, fresh, only_key=args.conversation))
     live = asyncio.run(read_live_states(bootstrap, app_id))

@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("streams.audit_cmd", "replay the event log: a conversation's timeline, or --verify the live tables"),
     "replay": ("streams.replay_cmd", "re-publish dead-lettered records to their source topic (`replay dlq`)"),
     "sweep": ("streams.sweep_cmd", "request a sweep pass now (durable in Kafka before exit 0)"),
+    "console": ("streams.console_cmd", "serve the read-only operator console (overview, conversation timelines)"),
 }
 
 

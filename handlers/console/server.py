@@ -1,0 +1,215 @@
+"""The console's web app (aiohttp): read-only pages over the read model, with optional bearer-token access.
+
+Routes: `GET /` (overview), `GET /api/overview` (its live data and fragments), `GET /conversation?q=A:C` (the
+search: redirects to the page), `GET /conversations/{A:C}`, `GET /api/conversations/{A:C}`, `GET /static/…`,
+and, with a token, `GET|POST /login`. Nothing here writes to Kafka or to Chatwoot.
+
+With a token every route but `/login` needs `Authorization: Bearer <token>`, or the session cookie that `/login`
+sets after the token was typed into its form (an HMAC of the token, not the token). Every answer carries a
+Content-Security-Policy that allows only this origin's script, so the pages can load nothing from elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from importlib import resources
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from handlers.console.render import (
+    conversation_fragments,
+    overview_fragments,
+    render_conversation,
+    render_login,
+    render_message,
+    render_overview,
+)
+from handlers.console.status import ConsoleStatus
+from projections.console_model import ConsoleModel, Overview, parse_conversation_key
+
+SESSION_COOKIE = "console_session"
+CSP = (
+    "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; img-src 'self' data:; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+MODEL: web.AppKey[ConsoleModel] = web.AppKey("model", ConsoleModel)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class StatusSource(Protocol):
+    """Where the pages get what is not in the log (`handlers.console.sources.Sources`; a stub in tests)."""
+
+    async def refresh(self) -> ConsoleStatus: ...
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def session_value(token: str) -> str:
+    """The cookie that stands for a signed-in browser: derived from the token, so the token itself is not stored."""
+    return hmac.new(token.encode(), b"chatwoot-router console session", hashlib.sha256).hexdigest()
+
+
+def create_app(
+    model: ConsoleModel,
+    sources: StatusSource,
+    *,
+    token: str | None = None,
+    now_ms: Callable[[], int] = wall_clock_ms,
+) -> web.Application:
+    middlewares: list[Any] = [_headers]
+    if token:
+        middlewares.append(_bearer(token))
+    app = web.Application(middlewares=middlewares)
+    app[MODEL] = model
+    static = resources.files("handlers.console") / "static"
+
+    def page(text: str, status: int = 200) -> web.Response:
+        return web.Response(text=text, status=status, content_type="text/html", charset="utf-8")
+
+    async def overview(request: web.Request) -> web.Response:
+        status = await sources.refresh()
+        return page(render_overview(model.overview(now_ms()), status))
+
+    async def overview_api(request: web.Request) -> web.Response:
+        status = await sources.refresh()
+        data = model.overview(now_ms())
+        return web.json_response(
+            {
+                "version": [model.version, status.tail.records, _status_stamp(status)],
+                "data": overview_data(data, status.lag),
+                "fragments": overview_fragments(data, status),
+            }
+        )
+
+    async def search(request: web.Request) -> web.Response:
+        query = request.query.get("q", "")
+        key = parse_conversation_key(query)
+        if key is None:
+            hint = f"Give account:conversation, e.g. 1:42 (not {query!r})."
+            return page(render_message("Not a conversation", hint), 400)
+        raise web.HTTPSeeOther(f"/conversations/{key}")
+
+    async def conversation(request: web.Request) -> web.Response:
+        key = parse_conversation_key(request.match_info["key"])
+        if key is None:
+            return page(render_message("Not a conversation", "Give account:conversation, e.g. 1:42."), 400)
+        status = await sources.refresh()
+        timeline = model.timeline(key)
+        html = render_conversation(key, timeline, status=status)
+        return page(html, 200 if timeline is not None else 404)
+
+    async def conversation_api(request: web.Request) -> web.Response:
+        key = parse_conversation_key(request.match_info["key"])
+        if key is None:
+            return web.json_response({"error": "not a conversation key"}, status=400)
+        status = await sources.refresh()
+        timeline = model.timeline(key)
+        return web.json_response(
+            {
+                "version": [timeline.events if timeline else 0, status.tail.records, _status_stamp(status)],
+                "calls": len(timeline.calls) if timeline else 0,
+                "fragments": conversation_fragments(key, timeline, status=status),
+            },
+            status=200 if timeline is not None else 404,
+        )
+
+    async def script(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name != "console.js":
+            raise web.HTTPNotFound()
+        return web.Response(
+            text=(static / name).read_text(encoding="utf-8"), content_type="application/javascript", charset="utf-8"
+        )
+
+    async def login_form(request: web.Request) -> web.Response:
+        return page(render_login())
+
+    async def login(request: web.Request) -> web.Response:
+        form = await request.post()
+        given = str(form.get("token", ""))
+        if not token or not hmac.compare_digest(given.encode(), token.encode()):
+            return page(render_login(failed=True), 401)
+        response = web.HTTPSeeOther("/")
+        response.set_cookie(SESSION_COOKIE, session_value(token), httponly=True, samesite="Strict", path="/")
+        raise response
+
+    app.router.add_get("/", overview)
+    app.router.add_get("/api/overview", overview_api)
+    app.router.add_get("/conversation", search)
+    app.router.add_get("/conversations/{key}", conversation)
+    app.router.add_get("/api/conversations/{key}", conversation_api)
+    app.router.add_get("/static/{name}", script)
+    if token:
+        app.router.add_get("/login", login_form)
+        app.router.add_post("/login", login)
+    return app
+
+
+def overview_data(o: Overview, lag: dict[str, int] | None) -> dict[str, Any]:
+    """The overview's numbers as JSON (the live page uses the fragments; scripts can use these)."""
+    return {
+        "now_ms": o.now_ms,
+        "conversations": o.conversations,
+        "records": o.records,
+        "undecodable": o.undecodable,
+        "endings": o.endings,
+        "results": o.results,
+        "hours": [{"start_ms": h.start_ms, "counts": h.counts} for h in o.hours if h.counts],
+        "handoff_reasons": dict(o.handoff_reasons),
+        "replies_sent": o.replies_sent,
+        "stuck": o.stuck,
+        "lag": lag,
+        "recent": [t.model_dump(mode="json") for t in o.recent],
+    }
+
+
+def _status_stamp(status: Any) -> str:
+    """Changes whenever anything the fragments show from outside the log changes."""
+    return hashlib.sha256(repr(asdict(status)).encode()).hexdigest()[:16]
+
+
+@web.middleware
+async def _headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        response = exc
+    response.headers["Content-Security-Policy"] = CSP
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    response.headers["Cache-Control"] = "no-store"
+    if isinstance(response, web.HTTPException):
+        raise response
+    return response
+
+
+def _bearer(token: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    expected = token.encode()
+    session = session_value(token).encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/login":
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected):
+            return await handler(request)
+        cookie = request.cookies.get(SESSION_COOKIE, "")
+        if cookie and hmac.compare_digest(cookie.encode(), session):
+            return await handler(request)
+        challenge = {"WWW-Authenticate": 'Bearer realm="chatwoot-router console"'}
+        if request.path.startswith("/api/"):
+            return web.json_response({"error": "bearer token required"}, status=401, headers=challenge)
+        return web.Response(
+            text=render_login(), status=401, content_type="text/html", charset="utf-8", headers=challenge
+        )
+
+    return check

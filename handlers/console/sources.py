@@ -1,0 +1,204 @@
+"""The console's I/O: it tails the event log into the read model and asks Kafka and the workers for the rest.
+
+- `LogTail` keeps one consumer on every partition of `<app>.conversations`, from the beginning, never joining a
+  group or committing (it must not disturb the workers), and feeds each record to the `ConsoleModel` in offset
+  order. Before a `ConfigApplied` marker whose version the model does not know, it reads `<app>.configs` again.
+  It waits for the topic when it does not exist yet and reconnects from where it was after an error.
+- `Sources.refresh` measures the workers' consumer-group lag (end offsets minus committed offsets) and reads each
+  worker's `GET /stuck`, at most every `ttl_s` however many browsers poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+
+import httpx
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from handlers.config_store import read_book
+from handlers.console.status import ConsoleStatus, TailStatus, WorkerStuck
+from handlers.log_reader import topic_partitions
+from projections.console_model import ConsoleModel
+
+log = logging.getLogger("chatwoot_router.console")
+
+RETRY_S = 2.0
+END_OFFSETS_EVERY_S = 1.0
+
+
+class LogTail:
+    """Feeds `<app>.conversations` into `model`, from the first record on, until stopped."""
+
+    def __init__(self, bootstrap: str, app_id: str, model: ConsoleModel) -> None:
+        self.bootstrap = bootstrap
+        self.app_id = app_id
+        self.topic = f"{app_id}.conversations"
+        topic = self.topic
+        self.model = model
+        self.status = TailStatus(topic=topic)
+        self.positions: dict[int, int] = {}  # partition -> next offset to read
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="console-log-tail")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._tail()
+            except asyncio.CancelledError:
+                raise
+            except LookupError:
+                self.status.error = f"waiting for topic {self.topic}"
+            except Exception as exc:  # broker gone, metadata errors: say so and try again
+                self.status.error = f"cannot read {self.topic}: {type(exc).__name__}"
+                log.warning("log tail failed", extra={"error_type": type(exc).__name__})
+            await asyncio.sleep(RETRY_S)
+
+    async def _tail(self) -> None:
+        partitions = await topic_partitions(self.bootstrap, self.topic)
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None)
+        await consumer.start()
+        try:
+            consumer.assign(partitions)
+            for tp in partitions:
+                if tp.partition in self.positions:
+                    consumer.seek(tp, self.positions[tp.partition])
+                else:
+                    await consumer.seek_to_beginning(tp)
+            self.status.error = None
+            checked = 0.0
+            while True:
+                batches = await consumer.getmany(timeout_ms=500, max_records=2000)
+                for tp, records in batches.items():
+                    for record in records:
+                        if self.model.needs_version(record.value) is not None:  # applied after we read the book
+                            self.model.add_documents((await read_book(self.bootstrap, self.app_id)).documents())
+                        self.model.feed(record.value, record.offset, tp.partition, record.key)
+                        self.positions[tp.partition] = record.offset + 1
+                        self.status.records += 1
+                    await asyncio.sleep(0)  # a long catch-up must not starve the web server
+                if time.monotonic() - checked >= END_OFFSETS_EVERY_S or not batches:
+                    checked = time.monotonic()
+                    await self._measure(consumer, partitions)
+        finally:
+            await consumer.stop()
+
+    async def _measure(self, consumer: AIOKafkaConsumer, partitions: Sequence[TopicPartition]) -> None:
+        ends = await consumer.end_offsets(list(partitions))
+        behind = sum(max(0, end - self.positions.get(tp.partition, 0)) for tp, end in ends.items())
+        self.status.behind = behind
+        self.status.caught_up = behind == 0
+
+
+class Sources:
+    """The status parts that come from outside the log, refreshed on demand at most every `ttl_s`."""
+
+    def __init__(
+        self,
+        tail: LogTail,
+        bootstrap: str,
+        app_id: str,
+        worker_urls: Sequence[str] = (),
+        *,
+        ttl_s: float = 2.0,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.tail = tail
+        self.bootstrap = bootstrap
+        self.group = app_id  # the workers' consumer group is the Faust app id
+        self.topics = [f"{app_id}.{name}" for name in ("conversations", "effects", "sweeps")]
+        self.worker_urls = [url.rstrip("/") for url in worker_urls]
+        self.ttl_s = ttl_s
+        self.http = http or httpx.AsyncClient(timeout=2.0, follow_redirects=False)
+        self._lag: dict[str, int] | None = None
+        self._lag_error: str | None = None
+        self._workers: list[WorkerStuck] = [WorkerStuck(url) for url in self.worker_urls]
+        self._refreshed = -1e9
+        self._lock = asyncio.Lock()
+        self._admin: AIOKafkaAdminClient | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+
+    def status(self) -> ConsoleStatus:
+        return ConsoleStatus(
+            tail=self.tail.status, group=self.group, lag=self._lag, lag_error=self._lag_error, workers=self._workers
+        )
+
+    async def refresh(self) -> ConsoleStatus:
+        async with self._lock:
+            if time.monotonic() - self._refreshed >= self.ttl_s:
+                await asyncio.gather(self._measure_lag(), self._read_workers())
+                self._refreshed = time.monotonic()
+        return self.status()
+
+    async def close(self) -> None:
+        await self._drop_kafka()
+        await self.http.aclose()
+
+    async def _measure_lag(self) -> None:
+        try:
+            self._lag = await asyncio.wait_for(self._group_lag(), 5.0)
+            self._lag_error = None
+        except Exception as exc:
+            self._lag, self._lag_error = None, f"lag not available: {type(exc).__name__}"
+            await self._drop_kafka()
+
+    async def _group_lag(self) -> dict[str, int]:
+        if self._admin is None or self._consumer is None:
+            self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+            await self._admin.start()
+            self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+            await self._consumer.start()
+        described = await self._admin.describe_topics(self.topics)
+        partitions = [
+            TopicPartition(d["topic"], p["partition"])
+            for d in described
+            if d["error_code"] == 0
+            for p in d["partitions"]
+        ]
+        if not partitions:
+            raise LookupError("no topics yet")
+        committed = await self._admin.list_consumer_group_offsets(self.group, partitions=partitions)
+        ends = await self._consumer.end_offsets(partitions)
+        lag: dict[str, int] = {}
+        for tp in partitions:
+            meta = committed.get(tp)
+            done = meta.offset if meta is not None and meta.offset >= 0 else 0
+            short = tp.topic.removeprefix(f"{self.group}.")
+            lag[short] = lag.get(short, 0) + max(0, ends.get(tp, 0) - done)
+        return lag
+
+    async def _drop_kafka(self) -> None:
+        admin, consumer = self._admin, self._consumer
+        self._admin = self._consumer = None
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                await admin.close()
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+
+    async def _read_workers(self) -> None:
+        self._workers = list(await asyncio.gather(*(self._read_worker(url) for url in self.worker_urls)))
+
+    async def _read_worker(self, url: str) -> WorkerStuck:
+        try:
+            response = await self.http.get(f"{url}/stuck")
+            response.raise_for_status()
+            stuck = response.json().get("stuck", {})
+            if not isinstance(stuck, dict):
+                raise ValueError("unexpected /stuck body")
+            return WorkerStuck(url, {str(k): str(v) for k, v in stuck.items()})
+        except (httpx.HTTPError, ValueError) as exc:
+            return WorkerStuck(url, error=f"/stuck not readable: {type(exc).__name__}")

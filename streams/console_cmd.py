@@ -1,0 +1,160 @@
+"""`chatwoot-router console`: the read-only operator console (DESIGN §11), served until SIGINT/SIGTERM.
+
+    chatwoot-router console [--host 127.0.0.1] [--port 8090] [--token-env NAME] [--worker-url URL ...]
+
+It replays `<app>.conversations` (KAFKA_BOOTSTRAP_SERVERS, ROUTER_APP_ID) from the start with the worker's
+fold and keeps tailing it, so its pages follow the router live. It binds 127.0.0.1 by default; bound to any
+other address it requires a bearer token, read from the environment variable `--token-env` names, and refuses
+to start (exit 2, one line) without one. It never loads the router's secrets, and shows customer text only as
+the router redacted it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from handlers.config_store import read_book
+from handlers.console.server import create_app
+from handlers.console.sources import LogTail, Sources
+from handlers.logging_setup import configure_logging
+from projections.console_model import ConsoleModel
+from schemas.config import RouterConfig, load_config_file
+from schemas.configs import ConfigBook
+from streams.config_cmd import env_or_exit
+
+log = logging.getLogger("chatwoot_router.console")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8090
+MIN_TOKEN_LENGTH = 16
+EXIT_USAGE = 2
+WAIT_S = 2.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port, 0 = any (default {DEFAULT_PORT})")
+    parser.add_argument(
+        "--token-env",
+        metavar="NAME",
+        help="environment variable holding the bearer token; required when --host is not a loopback address",
+    )
+    parser.add_argument(
+        "--worker-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a worker's web address (e.g. http://127.0.0.1:6066) whose /stuck list to show; repeatable",
+    )
+    parser.add_argument(
+        "--config",
+        help="configuration file, only for a log without applied configuration versions (default $ROUTER_CONFIG)",
+    )
+
+
+def is_loopback(host: str) -> bool:
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
+
+
+def resolve_token(host: str, token_env: str | None, environ: Mapping[str, str]) -> str | None:
+    """The bearer token to require (None = none); SystemExit-worthy problems raise ValueError with one line."""
+    if token_env is None:
+        if is_loopback(host):
+            return None
+        raise ValueError(
+            f"--host {host} is not a loopback address, so the console needs a bearer token: put one in an "
+            "environment variable and name it with --token-env NAME"
+        )
+    token = environ.get(token_env, "").strip()
+    if not token:
+        raise ValueError(f"--token-env {token_env}: the environment variable {token_env} is not set or empty")
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise ValueError(f"--token-env {token_env}: the token must be at least {MIN_TOKEN_LENGTH} characters long")
+    return token
+
+
+def url_of(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"http://{shown}:{port}"
+
+
+async def first_book(bootstrap: str, app_id: str, config: RouterConfig | None) -> ConfigBook:
+    """The applied configuration versions; without a configuration file, wait until one was applied."""
+    said = False
+    while True:
+        try:
+            book = await read_book(bootstrap, app_id)
+        except Exception as exc:  # Kafka not reachable yet
+            if config is not None:
+                return ConfigBook()
+            reason = f"Kafka at {bootstrap} does not answer ({type(exc).__name__})"
+        else:
+            if len(book) or config is not None:
+                return book
+            reason = f"no configuration version was applied on {app_id}.configs yet"
+        if not said:
+            print(f"console: waiting: {reason}; or give --config FILE", file=sys.stderr, flush=True)
+            said = True
+        await asyncio.sleep(WAIT_S)
+
+
+async def serve(args: argparse.Namespace, config: RouterConfig | None, token: str | None) -> None:
+    env = env_or_exit()
+    book = await first_book(env.bootstrap, env.app_id, config)
+    model = ConsoleModel(config, retry_base_ms=env.retry_base_ms, book=book)
+    tail = LogTail(env.bootstrap, env.app_id, model)
+    sources = Sources(tail, env.bootstrap, env.app_id, args.worker_url)
+    app = create_app(model, sources, token=token)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    tail.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    port = runner.addresses[0][1] if runner.addresses else args.port
+    url = url_of(args.host, port)
+    if token:
+        print(f"console at {url}/ requires a bearer token (from ${args.token_env})", flush=True)
+    else:
+        print(f"console at {url}/ (loopback only, no token)", flush=True)
+    print(f"ready url={url}", flush=True)
+    log.info("console listening", extra={"host": args.host, "port": port, "topic": tail.topic, "auth": bool(token)})
+    try:
+        await stop.wait()
+    finally:
+        await tail.stop()
+        await runner.cleanup()
+        await sources.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        token = resolve_token(args.host, args.token_env, os.environ)
+    except ValueError as exc:
+        print(f"chatwoot-router console: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    env = env_or_exit()
+    path = args.config or env.config_path
+    # the applied versions are what the workers fold under; the file is only for a log without any (a bad file
+    # is still a ConfigError: one line and exit 2)
+    config = load_config_file(path) if path else None
+    configure_logging()
+    asyncio.run(serve(args, config, token))
+    return 0
