@@ -112,7 +112,7 @@ def test_overview_counts_endings_results_handoffs_and_replies() -> None:
     assert overview.replies_sent == 1
     assert sum(bar.total for bar in overview.hours) == sum(overview.results.values()) >= 1
     assert overview.hours[-1].start_ms <= T0 < overview.hours[-1].start_ms + 3_600_000
-    assert [t.result for t in overview.recent][0] == "assigned"
+    assert overview.recent[0].result == "assigned"
     # a record already applied changes nothing
     before = model.overview(T0 + 60_000)
     for offset, event in driver.log:
