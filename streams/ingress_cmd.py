@@ -1,8 +1,9 @@
 """`chatwoot-router ingress`: serve the webhook door until SIGINT/SIGTERM (DESIGN §3).
 
-Refuses to start on an invalid configuration (exit 2, key path on stderr). Kafka being down at start is not
-fatal: the door answers 500 (which Chatwoot retries) until Kafka is back. On a signal it stops accepting
-connections, lets requests in flight finish, flushes the producer and exits 0.
+Refuses to start on an invalid configuration or environment (exit 2, one line naming the key path or variable
+on stderr). Kafka being down at start is not fatal: the door answers 500 (which Chatwoot retries) and /healthz
+503 until Kafka is back, and recovers by itself. On a signal it stops accepting connections, lets requests in
+flight finish, flushes the producer and exits 0.
 """
 
 from __future__ import annotations
@@ -10,22 +11,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 from collections.abc import Mapping
 
-from aiohttp import web
-
-from handlers.ingress import KafkaWebhookWriter, SettingsFile, create_app
+from handlers.ingress import IngressMetrics, KafkaWebhookWriter, SettingsFile, create_app, serve
+from handlers.ingress_conn import ConnectionGuard, ConnectionLimits
 from handlers.logging_setup import configure_logging
-from streams.config_cmd import load_or_exit
+from schemas.config import RouterEnv, read_env
+from streams.config_cmd import env_or_exit, load_or_exit
 
 log = logging.getLogger("chatwoot_router.ingress")
 
 DEFAULT_HOST = "0.0.0.0"
 DEFAULT_PORT = 8080
 SHUTDOWN_GRACE_S = 10.0
+EXIT_CANNOT_LISTEN = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,48 +39,78 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def conversations_topic(environ: Mapping[str, str] | None = None) -> str:
     """`<ROUTER_APP_ID>.conversations`, the topic the door writes to."""
-    env = os.environ if environ is None else environ
-    return f"{env.get('ROUTER_APP_ID') or 'chatwoot-router'}.conversations"
+    return read_env(environ).topic("conversations")
 
 
-def _partitions() -> int:
-    raw = os.environ.get("ROUTER_PARTITIONS") or "12"
-    if not raw.isdigit() or int(raw) < 1:
-        print("Invalid environment: ROUTER_PARTITIONS: must be a positive integer", file=sys.stderr)
-        raise SystemExit(2)
-    return int(raw)
-
-
-async def serve(args: argparse.Namespace) -> None:
+async def serve_until_stopped(args: argparse.Namespace, env: RouterEnv) -> int:
     """Run the app until a stop signal, then shut down in order: listener, requests, producer."""
+    metrics = IngressMetrics()
+    produce_timeout_s = env.produce_timeout_ms / 1000
     writer = KafkaWebhookWriter(
-        os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or "localhost:9092", conversations_topic(), _partitions()
+        env.bootstrap,
+        env.topic("conversations"),
+        env.partitions,
+        request_timeout_ms=max(5000, 2 * env.produce_timeout_ms),
+        retire_grace_s=produce_timeout_s,
+        on_replace=metrics.replaced,
     )
-    app = create_app(settings=SettingsFile(args.config), writer=writer)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
-    await site.start()
+    guard = ConnectionGuard(
+        ConnectionLimits(
+            read_timeout_s=env.read_timeout_s,
+            keepalive_timeout_s=env.keepalive_timeout_s,
+            max_connections=env.max_connections,
+        ),
+        on_close=metrics.closed,
+    )
+    app = create_app(
+        settings=SettingsFile(args.config, env),
+        writer=writer,
+        produce_timeout_s=produce_timeout_s,
+        read_timeout_s=env.read_timeout_s,
+        metrics=metrics,
+        guard=guard,
+    )
+    try:
+        runner = await serve(app, args.host, args.port, shutdown_timeout_s=SHUTDOWN_GRACE_S)
+    except OSError as exc:
+        print(f"chatwoot-router ingress: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
+        await writer.close()
+        return EXIT_CANNOT_LISTEN
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        await writer.connect()
+        async with asyncio.timeout(produce_timeout_s + 5):
+            await writer.connect()
     except Exception as exc:  # not fatal: requests retry the connection
         log.warning("kafka not reachable at start", extra={"error_type": type(exc).__name__})
     port = runner.addresses[0][1] if runner.addresses else args.port
     print(f"ready url=http://{args.host}:{port}", flush=True)
-    log.info("ingress listening", extra={"host": args.host, "port": port, "topic": writer.topic})
+    log.info(
+        "ingress listening",
+        extra={
+            "host": args.host,
+            "port": port,
+            "topic": writer.topic,
+            "produce_timeout_ms": env.produce_timeout_ms,
+            "read_timeout_s": env.read_timeout_s,
+            "keepalive_timeout_s": env.keepalive_timeout_s,
+            "max_connections": env.max_connections,
+        },
+    )
     await stop.wait()
     log.info("ingress stopping")
     await runner.cleanup()  # stops the listener, waits for handlers, then closes (flushes) the writer
     log.info("ingress stopped")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    load_or_exit(args.config)
-    _partitions()  # refuse to start on an invalid configuration (exit 2)
-    configure_logging()
-    asyncio.run(serve(args))
-    return 0
+    env = env_or_exit()
+    load_or_exit(args.config, env)  # refuse to start on an invalid configuration (exit 2)
+    handler = configure_logging()
+    try:
+        return asyncio.run(serve_until_stopped(args, env))
+    finally:
+        handler.close()  # reports lines still counted as suppressed

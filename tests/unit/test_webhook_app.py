@@ -50,23 +50,26 @@ SETTINGS = Settings(
 
 
 class MemoryWriter:
-    """Records what would have been made durable; can be told to fail or to hang."""
+    """Records what would have been made durable (decoded from the bytes it was given); can fail or hang."""
 
     def __init__(self) -> None:
         self.records: list[WebhookReceived] = []
+        self.keys: list[str] = []
         self.fail: BaseException | None = None
         self.hang = False
         self.closed = False
 
-    @property
-    def kafka_ok(self) -> bool:
+    async def writable(self) -> bool:
         return self.fail is None and not self.hang
 
-    async def write(self, record: WebhookReceived) -> None:
+    async def write(self, key: str, value: bytes) -> None:
         if self.hang:
             await asyncio.Event().wait()
         if self.fail is not None:
             raise self.fail
+        record = WebhookReceived.model_validate_json(value)
+        assert record.key == key
+        self.keys.append(key)
         self.records.append(record)
 
     async def close(self) -> None:
@@ -280,14 +283,17 @@ async def test_other_paths_and_methods_are_404(door: Door, method: str, path: st
         assert await response.text() == "not found"
 
 
-async def test_healthz_reports_ok_and_kafka_separately(door: Door) -> None:
+async def test_healthz_is_503_while_kafka_cannot_be_written(door: Door) -> None:
     async with door.session.get(door.url("/healthz")) as response:
         assert response.status == 200
         assert await response.json() == {"ok": True, "kafka": True}
     door.writer.fail = ConnectionError("down")
     async with door.session.get(door.url("/healthz")) as response:
-        assert response.status == 200  # Kafka does not change the status rule of §2.5
-        assert await response.json() == {"ok": True, "kafka": False}
+        assert response.status == 503  # an orchestrator can see the door cannot make events durable
+        assert await response.json() == {"ok": False, "kafka": False}
+    door.writer.fail = None
+    async with door.session.get(door.url("/healthz")) as response:
+        assert (response.status, await response.json()) == (200, {"ok": True, "kafka": True})
 
 
 async def test_metrics_count_outcomes_and_produce_latency(door: Door) -> None:
