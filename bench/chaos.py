@@ -56,7 +56,7 @@ from typing import Any
 
 import httpx
 
-from bench.chaos_verify import Verdict, check, collect, parse_audit, read_topic
+from bench.chaos_verify import CONVERSATION_KEY, Evidence, Verdict, check, collect, parse_audit, read_topic
 from handlers.sandbox.scenario import from_config
 from schemas.config import parse_config
 from streams.kafka_local import LocalKafka, free_port, start_broker
@@ -363,7 +363,7 @@ class Chaos:
         return time.monotonic() - self.started
 
     def note(self, what: str, **data: Any) -> None:
-        self.timeline.append({"t": round(self.now(), 3), "what": what, **data})
+        self.timeline.append({"t": round(self.now(), 3), "wall": round(time.time(), 3), "what": what, **data})
         print(f"[{self.now():7.1f}s] {what} {json.dumps(data) if data else ''}", file=sys.stderr, flush=True)
 
     @property
@@ -648,7 +648,8 @@ class Chaos:
         changelog = await read_topic(self.bootstrap, f"{self.app_id}-conversation_state-changelog")
         last_event: dict[str, int] = {}
         for record in events:
-            last_event[record.key] = max(last_event.get(record.key, -1), record.offset)
+            if CONVERSATION_KEY.match(record.key):  # not the configuration markers
+                last_event[record.key] = max(last_event.get(record.key, -1), record.offset)
         applied: dict[str, int] = {}
         for record in sorted(changelog, key=lambda r: r.offset):
             if isinstance(record.value, dict):
@@ -677,6 +678,20 @@ class Chaos:
         self.note("every conversation ended" if ended else "not every conversation ended by the deadline")
         folded = await wait_for(self.all_folded, max(30.0, deadline - time.monotonic()), every_s=2.0)
         self.note("every record folded" if folded else "some records not folded by the deadline")
+
+    def annotate_late_folds(self, verdict: Verdict, evidence: Evidence) -> None:
+        """Name the kills and broker stops between a late webhook's write and its fold (wall clock)."""
+        written = {(r.key, r.offset): r.timestamp_ms / 1000 for r in evidence.events}
+        for late in verdict.info.get("late_folds", []):
+            at = written.get((late["conversation"], late["offset"]))
+            if at is None:
+                continue
+            late["written_at_run_s"] = round(at - (self.timeline[0]["wall"] - self.timeline[0]["t"]), 1)
+            late["chaos_before"] = [
+                f"{e['what']} {e.get('process', '')} at {e['t']:.1f}s".strip()
+                for e in self.timeline
+                if ("kill" in e["what"] or "broker" in e["what"]) and at - 20 <= e["wall"] <= at + late["lag_s"]
+            ]
 
     def run_cli(self, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -719,6 +734,7 @@ class Chaos:
             (self.work / "evidence.json").write_text(json.dumps(evidence.to_json(), default=str))
             verdict = check(evidence)
             verdict.info["plans"] = [asdict(p) for p in self.plans]
+            self.annotate_late_folds(verdict, evidence)
             return Result(
                 self.o,
                 verdict,

@@ -65,6 +65,7 @@ USER_OPS = frozenset(
 OWNED_FIELDS = ("status", "assignee_id")
 LATE_FOLD_S = 30.0  # twice the workers' session timeout: a webhook applied later than this is reported
 PERSON_ACTIONS = frozenset({"status", "assign", "labels"})
+CONVERSATION_KEY = re.compile(r"^\d+:\d+$")
 _PATH = re.compile(r"^/api/v1/accounts/(\d+)/conversations/(\d+)(?:/|$)")
 
 
@@ -164,9 +165,11 @@ class Verdict:
                 f"seq={repeat['first_seq']}"
             )
         for late in self.info.get("late_folds", [])[:10]:
+            context = f" (written at {late['written_at_run_s']}s; {'; '.join(late.get('chaos_before', []))})"
             lines.append(
                 f"[info: late fold] {late['conversation']}: {late['event']} at partition {late['partition']} offset "
                 f"{late['offset']} applied {late['lag_s']}s after it was written"
+                + (context if "written_at_run_s" in late else "")
             )
         if self.info.get("jev_repeats"):
             lines.append(f"[info] System One answered the same input more than once: {self.info['jev_repeats']}")
@@ -402,6 +405,8 @@ def check_folded(ev: Evidence) -> tuple[list[Violation], list[Violation]]:
             )
     skipped: list[Violation] = []
     for key, records in by_key.items():
+        if not CONVERSATION_KEY.match(key):
+            continue  # e.g. the per-partition configuration markers, which have no conversation state
         applied, state_offset = folded.get(key, set()), last.get(key, -1)
         missing = [r for r in records if r.offset not in applied]
         if missing:
