@@ -148,6 +148,7 @@ class Dot:
     label: str
     title: str
     lane: str
+    anchor: str = "start"
 
 
 @dataclass(frozen=True)
@@ -233,6 +234,7 @@ class _PlacedMark:
     x: float
     mark: Mark
     label: str
+    anchor: str
 
 
 @dataclass(frozen=True)
@@ -280,12 +282,14 @@ def layout_timeline(timeline: ConversationTimeline) -> TimelineLayout:
 
     for mark in sorted(timeline.marks, key=lambda m: m.at_ms):
         x = scale.x(mark.at_ms)
-        row = rows[mark.lane].place(x - 5, x + 9 + _label_width(mark.label))
+        lw = _label_width(mark.label)
+        right = x + 9 + lw <= WIDTH - RIGHT  # the label goes right of the dot, else left of it
+        row = rows[mark.lane].place(x - 5, x + 9 + lw) if right else rows[mark.lane].place(x - 9 - lw, x + 5)
         label = mark.label
         if row is None:  # no room for its label: the dot alone, the label in its tooltip
             label = ""
             row = place(mark.lane, x - 5, x + 5)
-        placed[mark.lane].append(_PlacedMark(row, x, mark, label))
+        placed[mark.lane].append(_PlacedMark(row, x, mark, label, "start" if right else "end"))
     for call in timeline.calls:
         lane = "systemone" if call.target == "System One" else "chatwoot"
         x0 = scale.x(call.issued_ms)
@@ -316,7 +320,7 @@ def _emit(layout: TimelineLayout, lane: str, top: float, item: _PlacedMark | _Pl
         title = f"{mark.label}\n{format_time(mark.at_ms)} (+{format_duration(mark.at_ms - origin)})"
         if mark.detail:
             title += f"\n{mark.detail}"
-        layout.dots.append(Dot(item.x, top + ROW_H / 2, mark.tone, item.label, title, lane))
+        layout.dots.append(Dot(item.x, top + ROW_H / 2, mark.tone, item.label, title, lane, item.anchor))
         return
     thing = item.thing
     if isinstance(thing, Call):

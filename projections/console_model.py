@@ -493,7 +493,8 @@ class ConsoleModel:
         self.by_hour.setdefault(hour, Counter())[outcome.result] += 1
         if outcome.result == "handed_off":
             self.handoff_reasons[outcome.reason or "unspecified"] += 1
-        self.recent.append(outcome)
+        if outcome.result != "nothing":  # mostly the router's own status changes echoed back: counted, not listed
+            self.recent.append(outcome)
         if outcome.result == "retry" and (outcome.failures or 0) >= STUCK_AFTER_FAILURES:
             self.stuck[outcome.key] = outcome.reason or "unspecified"
         elif outcome.result != "deferred":

@@ -132,7 +132,7 @@ def conversation_fragments(key: str, timeline: ConversationTimeline | None, *, s
 
 
 def render_login(*, failed: bool = False) -> str:
-    return ENV.get_template("login.html").render(standalone=False, failed=failed)
+    return ENV.get_template("login.html").render(standalone=False, bare=True, failed=failed)
 
 
 def render_message(title: str, text: str) -> str:
