@@ -105,6 +105,8 @@ class KafkaWebhookWriter:
         probe_cache_s: float = 0.5,
         fresh_s: float = 5.0,
         on_replace: Callable[[str], None] | None = None,
+        producer_factory: Callable[[], AIOKafkaProducer] | None = None,
+        create_topic: bool = True,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
@@ -117,10 +119,11 @@ class KafkaWebhookWriter:
         self._probe_cache_s = probe_cache_s
         self._fresh_s = fresh_s
         self._on_replace = on_replace
+        self._producer_factory = producer_factory or self._new_producer
         self._producer: AIOKafkaProducer | None = None
         self._connecting: asyncio.Task[AIOKafkaProducer] | None = None
         self._connect_failed_at: float | None = None
-        self._topic_ready = False
+        self._topic_ready = not create_topic
         self._last_success: float | None = None
         self._last_failure: float | None = None
         self._probe: asyncio.Task[bool] | None = None
@@ -204,13 +207,7 @@ class KafkaWebhookWriter:
                     self.bootstrap, {self.topic: self.partitions}, request_timeout_ms=self._request_timeout_ms
                 )
                 self._topic_ready = True
-            producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap,
-                acks="all",
-                enable_idempotence=True,
-                request_timeout_ms=self._request_timeout_ms,
-                linger_ms=0,
-            )
+            producer = self._producer_factory()
             try:
                 await producer.start()
             except BaseException:
@@ -220,6 +217,15 @@ class KafkaWebhookWriter:
         self._producer = producer
         log.info("kafka producer connected", extra={"topic": self.topic})
         return producer
+
+    def _new_producer(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            acks="all",
+            enable_idempotence=True,
+            request_timeout_ms=self._request_timeout_ms,
+            linger_ms=0,
+        )
 
     def _connect_done(self, task: asyncio.Task[AIOKafkaProducer]) -> None:
         if task.cancelled():
@@ -409,6 +415,17 @@ def _respond(app: web.Application, outcome: str, *, close: bool = False) -> web.
     return response
 
 
+async def _respond_and_close(request: web.Request, outcome: str) -> web.Response:
+    """Answer, then close the connection at once: the rest of a body that is too slow or unreadable is not
+    waited for (aiohttp would otherwise linger reading it)."""
+    response = _respond(request.app, outcome, close=True)
+    with contextlib.suppress(ConnectionError):
+        await response.prepare(request)
+        await response.write_eof()
+    request.protocol.force_close()  # the answer is in the transport's buffer; close() sends it first
+    return response
+
+
 class _BodyTooLarge(Exception):
     pass
 
@@ -465,10 +482,10 @@ async def _webhook(request: web.Request) -> web.Response:
         return _respond(app, "payload_too_large")
     except TimeoutError:
         log.warning("request body too slow", extra={"path": request.path, "outcome": "read_timeout"})
-        return _respond(app, "read_timeout", close=True)
+        return await _respond_and_close(request, "read_timeout")
     except Exception as exc:  # a broken chunked encoding, a bad Content-Encoding, a reset connection, …
         log.warning("request body unreadable", extra={"path": request.path, "error_type": type(exc).__name__})
-        return _respond(app, "unreadable_body", close=True)
+        return await _respond_and_close(request, "unreadable_body")
     try:
         settings = app[SETTINGS]()
     except Exception as exc:
