@@ -20,6 +20,15 @@ _TOPIC_ALREADY_EXISTS = 36
 _MAX_REPLICATION = 3
 
 
+# the worker's tables (DESIGN §5); each is backed by a compacted changelog topic named by `changelog_topic`
+TABLES = ("conversation_state", "sweep_state", "timers", "effect_attempts", "partition_configs")
+
+
+def changelog_topic(app_id: str, table: str) -> str:
+    """The name Faust gives a table's changelog topic."""
+    return f"{app_id}-{table}-changelog"
+
+
 class TopicCreationError(RuntimeError):
     """The broker refused to create a topic for a reason other than "it already exists"."""
 

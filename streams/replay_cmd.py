@@ -1,4 +1,9 @@
-"""`chatwoot-router replay dlq`: re-publish dead-lettered records to their source topic once their cause is fixed.
+"""`chatwoot-router replay dlq|state`: re-publish dead-lettered records, or rebuild the tables from the log.
+
+`replay state [--to-app NEW]` rebuilds the router's tables from the event log with the current fold, without
+executing any effect (handlers/state_rebuild.py; the cut-over procedure is in README).
+
+`replay dlq` re-publishes dead-lettered records to their source topic once their cause is fixed.
 
 Each record on `<app>.dlq` carries its original key and value and the headers the worker wrote (error, source
 topic/partition/offset, attempts). Re-publishing sends the original bytes back to the source topic with the same
@@ -16,12 +21,16 @@ import sys
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from handlers.log_reader import topic_partitions
+from schemas.config import _APP_ID as APP_ID
 from streams.config_cmd import env_or_exit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("what", choices=["dlq"], help="what to replay")
-    parser.add_argument("--dry-run", action="store_true", help="list what would be re-published, change nothing")
+    parser.add_argument("what", choices=["dlq", "state"], help="what to replay")
+    parser.add_argument("--dry-run", action="store_true", help="dlq: list what would be re-published, change nothing")
+    parser.add_argument(
+        "--to-app", metavar="NEW_APP_ID", help="state: rebuild into this new app id (blue/green) instead of in place"
+    )
 
 
 def _header(headers: tuple[tuple[str, bytes], ...] | list[tuple[str, bytes]], name: str) -> str | None:
@@ -71,9 +80,47 @@ async def replay_dlq(bootstrap: str, app_id: str, *, dry_run: bool) -> tuple[int
     return published, skipped
 
 
+def replay_state(bootstrap: str, app_id: str, to_app: str | None) -> int:
+    from tqdm import tqdm
+
+    from handlers.state_rebuild import RebuildRefused, rebuild
+
+    bars: dict[str, tqdm] = {}
+
+    def progress(what: str, count: int) -> None:
+        bar = bars.get(what)
+        if bar is None:
+            bar = bars[what] = tqdm(desc=f"records {what}", unit=" rec", file=sys.stderr, mininterval=0.5)
+        bar.update(count - bar.n)
+
+    try:
+        summary = asyncio.run(rebuild(bootstrap, app_id, to_app=to_app, progress=progress))
+    except RebuildRefused as exc:
+        print(f"chatwoot-router replay state: {exc}", file=sys.stderr)
+        return 1
+    except LookupError as exc:
+        print(f"chatwoot-router replay state: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for bar in bars.values():
+            bar.close()
+    where = f"into {to_app}" if to_app else "in place"
+    print(
+        f"rebuilt {app_id} {where}: {summary.copied} records copied, {summary.records} records folded, "
+        f"{summary.conversations} conversations, {summary.runs_in_flight} runs in flight, "
+        f"{summary.undecodable} undecodable, {summary.seconds:.1f} s"
+    )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     env = env_or_exit()  # the one settings model of every command (exit 2 on a bad variable)
     bootstrap, app_id = env.bootstrap, env.app_id
+    if args.what == "state":
+        if args.to_app is not None and (args.to_app == app_id or not APP_ID.fullmatch(args.to_app)):
+            print(f"chatwoot-router replay state: --to-app: must be a new app id ({APP_ID.pattern})", file=sys.stderr)
+            return 2
+        return replay_state(bootstrap, app_id, args.to_app)
     try:
         published, skipped = asyncio.run(replay_dlq(bootstrap, app_id, dry_run=args.dry_run))
     except LookupError as exc:

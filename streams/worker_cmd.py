@@ -17,12 +17,11 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from handlers.config_store import apply as apply_config
 from handlers.config_store import ensure_configs_topic, read_book
-from handlers.kafka_topics import ensure_topics
+from handlers.kafka_topics import TABLES, changelog_topic, ensure_topics
 from schemas.config import ConfigError, Settings
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from streams.config_cmd import EXIT_INVALID_CONFIG, load_or_exit
 from streams.worker import WorkerEnv, build_worker, read_worker_env
-from streams.worker.app import TABLES, changelog_topic
 
 log = logging.getLogger("chatwoot_router.worker")
 

@@ -52,6 +52,7 @@ from faust.web import Request, Response, View
 
 from handlers.config_store import read_book
 from handlers.effects import EffectExecutor
+from handlers.kafka_topics import TABLES
 from handlers.lanes import Lanes
 from handlers.partition_reader import FetchedRecord, PartitionReader, RangeNotRead
 from handlers.worker_metrics import WorkerMetrics
@@ -94,12 +95,6 @@ SHUTDOWN_DRAIN_S = 5.0
 REVOKE_DRAIN_S = 5.0
 SESSION_TIMEOUT_S = 15.0
 SWEEP_STATUSES = ("pending", "open")
-TABLES = ("conversation_state", "sweep_state", "timers", "effect_attempts", "partition_configs")
-
-
-def changelog_topic(app_id: str, table: str) -> str:
-    """The name Faust gives a table's changelog topic."""
-    return f"{app_id}-{table}-changelog"
 
 
 def wall_clock_ms() -> int:

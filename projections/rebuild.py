@@ -1,0 +1,113 @@
+"""Rebuilding the router's tables from its event log with the current fold (DESIGN §8 `replay state`).
+
+Pure: it is fed the records of `<app>.conversations` and `<app>.sweeps` (each partition in offset order) and
+gives the table values a worker would hold after folding them: conversation and sweep states, the timers index
+and the configuration version of each partition. No effect is executed and no command is kept: the rebuilt
+state is what a worker starts from, and a run that was waiting for an outcome is marked for resumption
+(`waiting_by`), so the new owner re-issues its read or idempotent mutation (never a reply) at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from projections.fold import fold, wakeup_of
+from projections.sweep import SweepEvent, fold_sweep, sweep_wakeup
+from schemas.configs import ConfigBook
+from schemas.records import ConversationEvent, parse_marker
+from schemas.state import ConversationState, SweepState
+
+REBUILT_BY = "replay-state"
+_CONVERSATION: TypeAdapter[ConversationEvent] = TypeAdapter(ConversationEvent)
+_SWEEP: TypeAdapter[SweepEvent] = TypeAdapter(SweepEvent)
+
+
+@dataclass
+class TableBuilder:
+    """Folds an event log into table values; `undecodable` counts what a worker would have dead-lettered."""
+
+    book: ConfigBook
+    states: dict[str, ConversationState] = field(default_factory=dict)
+    sweep_states: dict[str, SweepState] = field(default_factory=dict)
+    partition_of: dict[str, int] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)  # "conversations:<p>" -> version
+    records: int = 0
+    undecodable: int = 0
+
+    def feed_conversation(self, value: bytes | None, partition: int, offset: int) -> None:
+        self.records += 1
+        if self._switch("conversations", partition, value):
+            return
+        try:
+            event = _CONVERSATION.validate_json(value or b"")
+        except ValidationError:
+            self.undecodable += 1
+            return
+        document = self.book.in_force(self.versions.get(f"conversations:{partition}"))
+        assert document is not None, "a book with at least one version"
+        state = self.states.get(event.key, ConversationState())
+        result = fold(
+            state,
+            event,
+            offset,
+            document.config,
+            retry_base_ms=document.fold.retry_base_ms,
+            config_version=document.version,
+        )
+        self.states[event.key] = result.state
+        self.partition_of[event.key] = partition
+
+    def feed_sweep(self, value: bytes | None, partition: int, offset: int) -> None:
+        self.records += 1
+        if self._switch("sweeps", partition, value):
+            return
+        try:
+            event = _SWEEP.validate_json(value or b"")
+        except ValidationError:
+            self.undecodable += 1
+            return
+        document = self.book.in_force(self.versions.get(f"sweeps:{partition}"))
+        assert document is not None, "a book with at least one version"
+        state = self.sweep_states.get(event.key, SweepState())
+        result = fold_sweep(state, event, offset, document.config, retry_base_ms=document.fold.retry_base_ms)
+        self.sweep_states[event.key] = result.state
+        self.partition_of[event.key] = partition
+
+    def _switch(self, topic: str, partition: int, value: bytes | None) -> bool:
+        marker = parse_marker(value)
+        if marker is None:
+            return False
+        if marker.version in self.book:
+            self.versions[f"{topic}:{partition}"] = marker.version
+        return True
+
+    def runs_in_flight(self) -> int:
+        return sum(1 for s in self.states.values() if s.run is not None)
+
+    def tables(self) -> dict[str, dict[str, tuple[int, Any]]]:
+        """Table name -> key -> (partition, JSON value), as the worker's tables hold them."""
+        timers: dict[str, tuple[int, Any]] = {}
+        for key, state in self.states.items():
+            due = wakeup_of(state)
+            if due is not None:
+                waiting = state.run is not None and state.run.pending is not None
+                timers[key] = (
+                    self.partition_of[key],
+                    {"due": due, "p": self.partition_of[key], "waiting_by": REBUILT_BY if waiting else None},
+                )
+        for key, sweep in self.sweep_states.items():
+            due = sweep_wakeup(sweep)
+            if due is not None:
+                timers[key] = (self.partition_of[key], {"due": due, "p": self.partition_of[key], "waiting_by": None})
+        versions = {key: (int(key.rsplit(":", 1)[1]), version) for key, version in self.versions.items()}
+        return {
+            "conversation_state": {
+                k: (self.partition_of[k], s.model_dump(mode="json")) for k, s in self.states.items()
+            },
+            "sweep_state": {k: (self.partition_of[k], s.model_dump(mode="json")) for k, s in self.sweep_states.items()},
+            "timers": timers,
+            "partition_configs": versions,
+        }
