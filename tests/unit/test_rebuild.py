@@ -1,0 +1,30 @@
+"""`replay state` folds the log into exactly the table values a worker holds (projections.rebuild)."""
+
+from __future__ import annotations
+
+from projections.rebuild import REBUILT_BY, TableBuilder
+from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
+from schemas.records import ConfigApplied
+from tests.unit.test_fold_driver import ACCOUNT, CONV, Driver, incoming
+
+
+def test_the_rebuilt_state_is_the_fold_of_the_log_with_its_timer_and_version() -> None:
+    driver = Driver()
+    driver.chatwoot.messages.append(incoming(1, "I was charged twice, please refund my invoice"))
+    driver.chatwoot.lost["assign"] = 1  # the run is still waiting when the log ends
+    driver.webhook()
+    document = ConfigDocument.of(driver.config, FoldSettings(retry_base_ms=driver.retry_base_ms))
+    builder = TableBuilder(ConfigBook([document]))
+    builder.feed_conversation(ConfigApplied(version=document.version, at_ms=0).model_dump_json().encode(), 3, 0)
+    for offset, event in driver.log:
+        builder.feed_conversation(event.model_dump_json().encode(), 3, offset)
+    builder.feed_conversation(b"not a record", 3, 999)
+    key = f"{ACCOUNT}:{CONV}"
+    tables = builder.tables()
+    partition, state = tables["conversation_state"][key]
+    assert partition == 3
+    assert state == driver.state.model_copy(update={"config_version": document.version}).model_dump(mode="json")
+    timer_partition, timer = tables["timers"][key]
+    assert timer_partition == 3 and timer == {"due": driver.wakeup, "p": 3, "waiting_by": REBUILT_BY}
+    assert tables["partition_configs"] == {"conversations:3": (3, document.version)}
+    assert builder.runs_in_flight() == 1 and builder.undecodable == 1
