@@ -307,11 +307,18 @@ def layout_timeline(timeline: ConversationTimeline) -> TimelineLayout:
         y += height
     layout.height = y + 8
     for cluster in scale.clusters:
-        layout.ticks.append((cluster.x0, f"+{format_duration(cluster.start_ms - origin)}"))
-        if cluster.x1 - cluster.x0 >= 110 and cluster.end_ms > cluster.start_ms:
-            layout.ticks.append((cluster.x1, f"+{format_duration(cluster.end_ms - origin)}"))
+        _tick(layout, cluster.x0, f"+{format_duration(cluster.start_ms - origin)}")
+        if cluster.end_ms > cluster.start_ms:
+            _tick(layout, cluster.x1, f"+{format_duration(cluster.end_ms - origin)}")
     layout.breaks = scale.breaks()
     return layout
+
+
+def _tick(layout: TimelineLayout, x: float, label: str) -> None:
+    """An axis label, unless it would run into the previous one."""
+    if layout.ticks and x - layout.ticks[-1][0] < _label_width(label) + 12:
+        return
+    layout.ticks.append((x, label))
 
 
 def _emit(layout: TimelineLayout, lane: str, top: float, item: _PlacedMark | _PlacedBar, origin: int) -> None:
