@@ -68,9 +68,13 @@ class Cluster:
 class TimeScale:
     """Maps epoch milliseconds to x: clusters linearly, the gaps between them squeezed into breaks."""
 
-    def __init__(self, times: list[int], left: float = LEFT, right: float = WIDTH - RIGHT - FUTURE_PX) -> None:
+    def __init__(self, times: list[int], left: float = LEFT) -> None:
         spans = _clusters(sorted(times))
         self.clusters: list[Cluster] = []
+        # a long history of bursts widens the drawing (it scrolls) rather than squeezing each burst to nothing
+        needed = left + len(spans) * MIN_CLUSTER_PX + max(0, len(spans) - 1) * BREAK_PX + FUTURE_PX + RIGHT
+        self.width = max(WIDTH, int(needed) + 1)
+        right = self.width - RIGHT - FUTURE_PX
         if not spans:
             return
         available = right - left - BREAK_PX * (len(spans) - 1) - MIN_CLUSTER_PX * len(spans)
@@ -90,7 +94,7 @@ class TimeScale:
         if ms <= first.start_ms:
             return first.x0
         if ms > last.end_ms:
-            return min(last.x1 + FUTURE_PX, WIDTH - RIGHT)
+            return min(last.x1 + FUTURE_PX, self.width - RIGHT)
         for before, after in zip(self.clusters, [*self.clusters[1:], None], strict=True):
             if ms <= before.end_ms:
                 return _lerp(ms, before.start_ms, before.end_ms, before.x0, before.x1)
@@ -258,7 +262,8 @@ def layout_timeline(timeline: ConversationTimeline) -> TimelineLayout:
             times.append(call.ended_ms)
     times += [s.start_ms for s in spans if s.kind == "backoff"] + [s.end_ms for s in spans if s.kind == "backoff"]
     scale = TimeScale(times)
-    layout = TimelineLayout()
+    width = scale.width
+    layout = TimelineLayout(width=width)
     if not scale.clusters:
         return layout
     origin = scale.clusters[0].start_ms
@@ -272,7 +277,7 @@ def layout_timeline(timeline: ConversationTimeline) -> TimelineLayout:
     def bar(lane: str, x0: float, x1: float, thing: Call | TimerSpan, label: str) -> None:
         w = max(3.0, x1 - x0)
         lw = _label_width(label)
-        right = x0 + w + 5 + lw <= WIDTH - RIGHT  # the label goes right of the bar, else left of it
+        right = x0 + w + 5 + lw <= width - RIGHT  # the label goes right of the bar, else left of it
         start, end = (x0, x0 + w + 5 + lw) if right else (x0 - 5 - lw, x0 + w)
         row = rows[lane].place(start, end)
         if row is None:  # crowded: the bar alone, its label in the tooltip
@@ -283,7 +288,7 @@ def layout_timeline(timeline: ConversationTimeline) -> TimelineLayout:
     for mark in sorted(timeline.marks, key=lambda m: m.at_ms):
         x = scale.x(mark.at_ms)
         lw = _label_width(mark.label)
-        right = x + 9 + lw <= WIDTH - RIGHT  # the label goes right of the dot, else left of it
+        right = x + 9 + lw <= width - RIGHT  # the label goes right of the dot, else left of it
         row = rows[mark.lane].place(x - 5, x + 9 + lw) if right else rows[mark.lane].place(x - 9 - lw, x + 5)
         label = mark.label
         if row is None:  # no room for its label: the dot alone, the label in its tooltip
@@ -293,7 +298,7 @@ def layout_timeline(timeline: ConversationTimeline) -> TimelineLayout:
     for call in timeline.calls:
         lane = "systemone" if call.target == "System One" else "chatwoot"
         x0 = scale.x(call.issued_ms)
-        x1 = scale.x(call.ended_ms) if call.ended_ms is not None else WIDTH - RIGHT - 4
+        x1 = scale.x(call.ended_ms) if call.ended_ms is not None else width - RIGHT - 4
         bar(lane, x0, x1, call, call_label(call))
     for span in spans:
         bar("timers", scale.x(span.start_ms), scale.x(span.end_ms), span, span.label)

@@ -433,6 +433,9 @@ class ConsoleModel:
         self.handoff_reasons: Counter[str] = Counter()
         self.recent: deque[TurnOutcome] = deque(maxlen=recent)
         self.stuck: dict[str, str] = {}
+        self.endings: dict[str, str] = {}  # conversation -> the result of its ending
+        self.ending_counts: Counter[str] = Counter()
+        self.replies_sent = 0
         self.version = 0  # bumped on every record applied: lets pollers skip unchanged pages
 
     def needs_version(self, value: bytes | None) -> str | None:
@@ -480,12 +483,30 @@ class ConsoleModel:
         document = self.in_force(partition)
         # a log from before configurations were events is folded as the worker did then: no version recorded
         version = document.version if len(self.book) else None
-        for outcome in timeline.apply(
+        replies = timeline.replies_sent
+        outcomes = timeline.apply(
             event, offset, document.config, retry_base_ms=document.fold.retry_base_ms, config_version=version
-        ):
+        )
+        for outcome in outcomes:
             self._count(outcome)
+        if outcomes:
+            self._ended(timeline)
+        self.replies_sent += timeline.replies_sent - replies
         self.version += 1
         return event.key
+
+    def _ended(self, timeline: ConversationTimeline) -> None:
+        """Keep the count of conversations by their ending current (the overview must not scan them all)."""
+        ending = timeline.ending
+        now = ending.result if ending is not None else None
+        before = self.endings.get(timeline.key)
+        if now == before:
+            return
+        if before is not None:
+            self.ending_counts[before] -= 1
+        if now is not None:
+            self.endings[timeline.key] = now
+            self.ending_counts[now] += 1
 
     def _count(self, outcome: TurnOutcome) -> None:
         self.results[outcome.result] += 1
@@ -509,24 +530,20 @@ class ConsoleModel:
             HourBar(start, dict(self.by_hour.get(start, Counter())))
             for start in range(current - (hours - 1) * HOUR_MS, current + 1, HOUR_MS)
         ]
-        endings: Counter[str] = Counter()
-        for timeline in self.timelines.values():
-            ending = timeline.ending
-            if ending is not None:
-                endings[ending.result] += 1
+        endings = {result: n for result, n in self.ending_counts.items() if n > 0}
         unconfirmed = self.handoff_reasons.get("reply_unconfirmed", 0)
         return Overview(
             now_ms=now_ms,
             conversations=len(self.timelines),
             records=self.records,
             undecodable=self.undecodable,
-            endings=dict(endings),
+            endings=endings,
             results=dict(self.results),
             hours=bars,
             handoff_reasons=self.handoff_reasons.most_common(),
-            replies_sent=sum(t.replies_sent for t in self.timelines.values()),
+            replies_sent=self.replies_sent,
             replies_unconfirmed=unconfirmed,
-            recent=list(reversed(self.recent))[:recent],
+            recent=sorted(self.recent, key=lambda t: t.at_ms, reverse=True)[:recent],
             stuck=dict(self.stuck),
         )
 

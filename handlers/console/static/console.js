@@ -16,8 +16,9 @@
   }
 
   function apply(data) {
-    if (data.version === seen) { return; }
-    seen = data.version;
+    var version = JSON.stringify(data.version);
+    if (version === seen) { return; }
+    seen = version;
     Object.keys(data.fragments).forEach(function (id) {
       var node = document.getElementById(id);
       if (node) { node.innerHTML = data.fragments[id]; }
