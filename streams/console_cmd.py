@@ -3,7 +3,8 @@
     chatwoot-router console [--host 127.0.0.1] [--port 8090] [--token-env NAME] [--worker-url URL ...]
 
 It replays `<app>.conversations` (KAFKA_BOOTSTRAP_SERVERS, ROUTER_APP_ID) from the start with the worker's
-fold and keeps tailing it, so its pages follow the router live. It binds 127.0.0.1 by default; bound to any
+fold, under the configuration versions applied on `<app>.configs` (a configuration file only for a log without
+any), and keeps tailing it, so its pages follow the router live. It binds 127.0.0.1 by default; bound to any
 other address it requires a bearer token, read from the environment variable `--token-env` names, and refuses
 to start (exit 2, one line) without one. It never loads the router's secrets, and shows customer text only as
 the router redacted it.
