@@ -753,6 +753,9 @@ class Chaos:
 
 def code_version(code_dir: Path) -> str:
     """The commit the router ran from, "+ changes in …" when its tree differs ("not a git tree" otherwise)."""
+    exported = code_dir / "COMMIT"  # written next to a `git archive` export
+    if exported.exists():
+        return f"{exported.read_text().strip()} (exported to {code_dir})"
     git = ["git", "-C", str(code_dir)]
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
     if head.returncode != 0:
