@@ -679,6 +679,19 @@ class Chaos:
         folded = await wait_for(self.all_folded, max(30.0, deadline - time.monotonic()), every_s=2.0)
         self.note("every record folded" if folded else "some records not folded by the deadline")
 
+    def coverage(self) -> dict[str, int]:
+        """How much of the plan happened: people act only when the conversation is in the state they need."""
+        notes = [note for plan in self.plans for note in plan.notes]
+        return {
+            "second_messages": sum(1 for p in self.plans if p.second_after_s is not None),
+            "faults_planned": sum(1 for p in self.plans if p.fault is not None),
+            "taken_over_while_pending": sum(1 for n in notes if n.startswith("taken over")),
+            "takeovers_skipped": sum(1 for n in notes if n.startswith("takeover skipped")),
+            "edited_after_end": sum(1 for p in self.plans if any(n.startswith("edited") for n in p.notes)),
+            "edits_skipped": sum(1 for n in notes if n.startswith("edits skipped")),
+            "play_failures": sum(1 for n in notes if n.startswith("play failed")),
+        }
+
     def annotate_late_folds(self, verdict: Verdict, evidence: Evidence) -> None:
         """Name the kills and broker stops between a late webhook's write and its fold (wall clock)."""
         written = {(r.key, r.offset): r.timestamp_ms / 1000 for r in evidence.events}
@@ -734,6 +747,7 @@ class Chaos:
             (self.work / "evidence.json").write_text(json.dumps(evidence.to_json(), default=str))
             verdict = check(evidence)
             verdict.info["plans"] = [asdict(p) for p in self.plans]
+            verdict.info["coverage"] = self.coverage()
             self.annotate_late_folds(verdict, evidence)
             return Result(
                 self.o,

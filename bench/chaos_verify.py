@@ -171,6 +171,8 @@ class Verdict:
                 f"{late['offset']} applied {late['lag_s']}s after it was written"
                 + (context if "written_at_run_s" in late else "")
             )
+        if self.info.get("coverage"):
+            lines.append(f"[info] plan coverage: {self.info['coverage']}")
         if self.info.get("jev_repeats"):
             lines.append(f"[info] System One answered the same input more than once: {self.info['jev_repeats']}")
         return "\n".join(lines)
