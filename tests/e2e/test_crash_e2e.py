@@ -90,5 +90,8 @@ def test_worker_killed_mid_routing_loses_nothing_and_replays_identically(stack: 
         replayed = ConversationState()
         for offset, event in by_key[key]:
             if offset <= state.offset:
-                replayed = fold(replayed, event, offset, config, retry_base_ms=RETRY_BASE_MS).state
+                # the stack's file is the only configuration version applied: fold under it, by its version
+                replayed = fold(
+                    replayed, event, offset, config, retry_base_ms=RETRY_BASE_MS, config_version=state.config_version
+                ).state
         assert replayed == state, f"seed {seed}: re-folded state of {key} differs from the live table"

@@ -57,8 +57,11 @@ def test_replay_state_to_a_new_app_then_cut_over(kafka_bootstrap: str, app_id: s
         billing, spam = stack.new_conversation(), stack.new_conversation()
         stack.customer_says(1, billing, BILLING_QUESTION)
         stack.customer_says(1, spam, SPAM)
+        # both turns ended and the bot released (the spam run unassigns it after resolving)
         stack.wait_conversation(1, billing, "assigned", lambda c: c["assignee_id"] == BILLING)
-        stack.wait_conversation(1, spam, "resolved", lambda c: c["status"] == "resolved")
+        stack.wait_conversation(
+            1, spam, "resolved and released", lambda c: c["status"] == "resolved" and c["bot_assignee_id"] is None
+        )
         stack.fault(op="get_conversation", mode="fail", status=503, account_id=1)
         retrying = stack.new_conversation()
         stack.customer_says(1, retrying, BILLING_QUESTION)
