@@ -509,6 +509,9 @@ class RouterEnv(BaseModel):
     read_timeout_s: Annotated[float, _env_seconds(0, 3600)] = Field(10.0, alias="ROUTER_READ_TIMEOUT_S")
     keepalive_timeout_s: Annotated[float, _env_seconds(0, 3600)] = Field(15.0, alias="ROUTER_KEEPALIVE_TIMEOUT_S")
     max_connections: Annotated[int, _env_int(1, 1_000_000)] = Field(512, alias="ROUTER_MAX_CONNECTIONS")
+    # a stable name per worker (e.g. the pod's): static group membership, so a restarted worker takes its
+    # partitions back at once instead of the whole group waiting out the dead member's session
+    worker_id: Annotated[str, AfterValidator(_app_id)] | None = Field(None, alias="ROUTER_WORKER_ID")
     chatwoot_token: str | None = Field(None, alias="CHATWOOT_TOKEN", repr=False)
     agent_bot_tokens: str | None = Field(None, alias="CHATWOOT_AGENT_BOT_TOKENS", repr=False)
     agent_bot_secrets: str | None = Field(None, alias="CHATWOOT_AGENT_BOT_SECRETS", repr=False)

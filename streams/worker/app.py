@@ -165,6 +165,8 @@ class WorkerApp:
             producer_acks=-1,
             # a worker killed without leaving the group holds its partitions until its session times out
             broker_session_timeout=SESSION_TIMEOUT_S,
+            # ROUTER_WORKER_ID: static membership (KIP-345); a restart within the session keeps the assignment
+            consumer_group_instance_id=env.worker_id,
         )
         raw: dict[str, Any] = {
             "key_type": bytes,

@@ -26,6 +26,7 @@ class WorkerEnv:
     data_dir: Path = Path("data")
     retry_base_ms: int = 5000
     sweep_interval_s: float = 300.0
+    worker_id: str | None = None
 
     def topic(self, name: str) -> str:
         """`<app>.<name>`: conversations, effects, sweeps, dlq."""
@@ -40,6 +41,7 @@ class WorkerEnv:
             data_dir=env.data_dir,
             retry_base_ms=env.retry_base_ms,
             sweep_interval_s=env.sweep_interval_s,
+            worker_id=env.worker_id,
         )
 
 

@@ -166,3 +166,16 @@ def test_a_saved_bad_cluster_id_is_repaired_and_a_formatted_one_is_kept(tmp_path
 
 def test_router_env_is_constructible_in_code() -> None:
     assert RouterEnv(partitions=3, app_id="x").topic("dlq") == "x.dlq"
+
+
+def test_a_worker_id_asks_for_static_membership_and_is_checked_like_an_app_id() -> None:
+    from streams.worker.env import read_worker_env
+
+    assert read_worker_env({}).worker_id is None
+    assert read_worker_env({"ROUTER_WORKER_ID": "router-worker-0"}).worker_id == "router-worker-0"
+    try:
+        read_env({"ROUTER_WORKER_ID": "a b"})
+    except ConfigError as exc:
+        assert "ROUTER_WORKER_ID" in str(exc)
+    else:
+        raise AssertionError("a worker id with a space was accepted")
