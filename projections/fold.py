@@ -32,6 +32,7 @@ from projections.rules import (
 )
 from projections.turn import is_confirmed_brand_reply
 from schemas.config import Kind, RouterConfig
+from schemas.configs import ConfigDocument
 from schemas.records import (
     AgentsResult,
     Assign,
@@ -116,6 +117,18 @@ def fold(
     if config_version is None or result.state.config_version == config_version:
         return result
     return result._replace(state=result.state.model_copy(update={"config_version": config_version}))
+
+
+def fold_under(document: ConfigDocument, state: ConversationState, event: Event, offset: int) -> FoldResult:
+    """`fold` under an applied configuration version (DESIGN §8): its configuration and fold settings."""
+    return fold(
+        state,
+        event,
+        offset,
+        document.config,
+        retry_base_ms=document.fold.retry_base_ms,
+        config_version=document.version,
+    )
 
 
 class _Folder:

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from projections.fold import fold, wakeup_of
+from projections.fold import fold_under, wakeup_of
 from projections.sweep import SweepEvent, fold_sweep, sweep_wakeup
 from schemas.configs import ConfigBook
 from schemas.records import ConversationEvent, parse_marker
@@ -49,14 +49,7 @@ class TableBuilder:
         document = self.book.in_force(self.versions.get(f"conversations:{partition}"))
         assert document is not None, "a book with at least one version"
         state = self.states.get(event.key, ConversationState())
-        result = fold(
-            state,
-            event,
-            offset,
-            document.config,
-            retry_base_ms=document.fold.retry_base_ms,
-            config_version=document.version,
-        )
+        result = fold_under(document, state, event, offset)
         self.states[event.key] = result.state
         self.partition_of[event.key] = partition
 

@@ -57,7 +57,7 @@ from handlers.lanes import Lanes
 from handlers.partition_reader import FetchedRecord, PartitionReader, RangeNotRead
 from handlers.worker_metrics import WorkerMetrics
 from projections.admission import Attempt, admit, needs_attempt_record
-from projections.fold import fold
+from projections.fold import fold_under
 from projections.offsets import OffsetTracker
 from projections.sweep import fold_sweep
 from projections.timer_index import TimerIndex
@@ -463,15 +463,7 @@ class WorkerApp:
         key, partition, offset = record.key, event.message.partition, event.message.offset
         stored = self.states.get(key)
         state = ConversationState.model_validate(stored) if stored is not None else ConversationState()
-        document = self.document_in_force("conversations", partition)
-        result = fold(
-            state,
-            record,
-            offset,
-            document.config,
-            retry_base_ms=document.fold.retry_base_ms,
-            config_version=document.version,
-        )
+        result = fold_under(self.document_in_force("conversations", partition), state, record, offset)
         if result.state is not state:
             self.states[key] = result.state.model_dump(mode="json")
             self.metrics.events_folded.labels("conversations", record.type).inc()
