@@ -14,6 +14,7 @@ with its own RocksDB directory, on topics of `--partitions` partitions. Then, ov
   a new turn starts and the canned reply must not go out again);
 - some are taken over by a person while pending (assigned to a person, or opened by an agent);
 - some are edited by a person 1-4 s after the router ended them (reopened, assigned, labelled);
+- each worker has a ROUTER_WORKER_ID (static group membership) unless `--no-worker-ids`;
 - `--fault-rate` of them get one Chatwoot fault on a request the router makes for them: 503 before the
   change, the change applied then 503, or the change applied then the connection closed.
 
@@ -281,6 +282,7 @@ class Options:
     work_dir: Path | None = None
     settle_deadline_s: float = 240.0
     code_dir: Path = ROOT  # where the router's processes (ingress, workers, sweep, audit) run from
+    worker_ids: bool = True  # ROUTER_WORKER_ID per worker (static membership: a restart keeps its partitions)
 
     @property
     def play_s(self) -> float:
@@ -341,6 +343,8 @@ class Chaos:
         self.rng = random.Random(options.seed)
         self.work = options.work_dir or Path(tempfile.mkdtemp(prefix=f"chaos-{options.seed}-"))
         self.work.mkdir(parents=True, exist_ok=True)
+        if bootstrap is not None and options.broker_restarts:
+            raise ValueError("broker restarts need the test's own broker (no bootstrap servers given)")
         self.external_bootstrap = bootstrap
         self.broker: LocalKafka | None = None
         self.broker_port = free_port()
@@ -428,6 +432,8 @@ class Chaos:
         for n in range(self.o.workers):
             port = free_port()
             worker_env = dict(env, ROUTER_DATA_DIR=str(self.work / f"state-{n + 1}"))
+            if self.o.worker_ids:  # static group membership, as docker-compose.yml names its workers
+                worker_env["ROUTER_WORKER_ID"] = f"worker-{n + 1}"
             self.workers.append(
                 Proc(
                     f"worker-{n + 1}",
@@ -661,9 +667,12 @@ class Chaos:
         for proc in self.procs:
             if not proc.alive():
                 proc.start()
-        for proc in self.procs:
-            await self.wait_healthy(proc, 180)
-        self.note("every process healthy")
+
+        async def all_healthy() -> bool:  # the supervisor restarts what exits meanwhile
+            return all([proc.alive() and await self.healthy(proc) for proc in self.procs])
+
+        healthy = await wait_for(all_healthy, 180, every_s=0.5)
+        self.note("every process healthy" if healthy else "not every process healthy within 180 s; going on")
         with contextlib.suppress(RuntimeError):
             await self.control("POST", "/settle", {"timeout_s": 60})
         self.note("settled" if await self.wait_quiet(120) else "not quiet within 120 s; sweeping anyway")
@@ -822,6 +831,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run the router (ingress, workers, sweep, audit) from this source tree, e.g. an exported commit; "
         "the sandbox and the verifier stay this tree's",
     )
+    parser.add_argument(
+        "--no-worker-ids",
+        action="store_true",
+        help="start the workers without ROUTER_WORKER_ID (dynamic group membership: every restart rebalances)",
+    )
     parser.add_argument("--clean", action="store_true", help="remove the work directory after a passing run")
     args = parser.parse_args(argv)
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None
@@ -841,6 +855,7 @@ def main(argv: list[str] | None = None) -> int:
         work_dir=args.work_dir,
         settle_deadline_s=args.settle_deadline,
         code_dir=args.code_dir.resolve(),
+        worker_ids=not args.no_worker_ids,
     )
     try:
         result = run_chaos(options, bootstrap)
