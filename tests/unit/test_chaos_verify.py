@@ -148,19 +148,24 @@ def state(offset: int) -> Record:
 
 
 def test_acknowledged_webhooks_must_be_on_the_topic_and_applied() -> None:
-    verdict = check(
-        evidence(
-            webhooks=[webhook("a"), webhook("b"), webhook("c"), webhook("d", '{"ok":true,"ignored":true}')],
-            events=[event(0, "a"), event(1), event(2, "b"), event(3)],
-            changelog=[state(0), state(1), state(3)],
-        )
-    )
+    differs = parse_audit(1, f"{KEY}: differs in job\n1 conversations replayed, 0 undecodable records, 1 differences")
+    recorded = {
+        "webhooks": [webhook("a"), webhook("b"), webhook("c"), webhook("d", '{"ok":true,"ignored":true}')],
+        "events": [event(0, "a"), event(1), event(2, "b"), event(3)],
+        "changelog": [state(0), state(1), state(3)],
+    }
+    verdict = check(evidence(**recorded, audit=differs))
     unfolded = sorted(v.detail for v in verdict.violations if v.check == "unfolded")
     assert len(unfolded) == 2
     assert "delivery b" in unfolded[0] and "offset 2 was never applied" in unfolded[0] and "(skipped)" in unfolded[0]
     assert "delivery c" in unfolded[1] and "not on the conversations topic" in unfolded[1]
     assert verdict.counts["skipped_records"] == 1
     assert verdict.info["fold_lag_s"]["max"] == 1.0
+    # the same log with a clean audit: offset 2's state lived only in a restarted worker's local store
+    clean = check(evidence(**recorded))
+    assert [v.detail for v in clean.violations if v.check == "unfolded"] == [unfolded[1]]
+    assert clean.counts["skipped_records"] == 0
+    assert len(clean.info["applied_without_own_changelog_entry"]) == 2
 
 
 def test_duplicate_replies_unended_conversations_and_audit_differences_fail() -> None:
