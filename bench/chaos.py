@@ -616,10 +616,14 @@ class Chaos:
             self.note(f"broker stop {n + 1}/{slots}", signal=how)
             await asyncio.to_thread(self.broker.stop if how == "SIGTERM" else self.broker.kill)
             down_s = self.rng.uniform(1.0, 4.0)
-            await asyncio.sleep(down_s / 2)
-            health = {w.name: await self.healthy(w) for w in self.workers}
-            self.note("workers' /healthz while the broker is down", healthy=health)
-            await asyncio.sleep(down_s / 2)
+            stopped = time.monotonic()
+            samples: dict[str, list[str]] = {w.name: [] for w in self.workers}
+            while time.monotonic() - stopped < down_s:  # /healthz every 0.5 s while the broker is away
+                for w in self.workers:
+                    ok = w.alive() and await self.healthy(w)
+                    samples[w.name].append(f"{time.monotonic() - stopped:.1f}s:{200 if ok else 'not 200'}")
+                await asyncio.sleep(0.5)
+            self.note("workers' /healthz while the broker is down", samples=samples)
             await asyncio.to_thread(self.start_broker)
             self.broker_restarts += 1
             self.note(f"broker up again {n + 1}/{slots}")
