@@ -63,3 +63,31 @@ class OffsetTracker:
 
     def expected(self, tp: TP) -> int | None:
         return self._next.get(tp)
+
+
+class TailWatch:
+    """Notices a partition whose consumer stopped short of records that exist (DESIGN §6 "No record skipped").
+
+    A gap is normally revealed by the next record handed over; a record dropped at the *end* of a partition
+    that then stays quiet is revealed by nothing. So, per partition, the worker compares the offset it expects
+    with the broker's high watermark: when records exist past it and the expected offset has not moved for
+    `stall_ms`, the consumer is sent back to it (a backlog being worked through keeps moving and is left alone).
+    """
+
+    def __init__(self, stall_ms: int = 10_000) -> None:
+        self.stall_ms = stall_ms
+        self._since: dict[TP, tuple[int, int]] = {}
+
+    def stuck(self, tp: TP, expected: int | None, highwater: int | None, now_ms: int) -> bool:
+        """Whether `tp` should be fetched again from `expected`; call about once a second per partition."""
+        if expected is None or highwater is None or expected >= highwater:
+            self._since.pop(tp, None)
+            return False
+        seen = self._since.get(tp)
+        if seen is None or seen[0] != expected:
+            self._since[tp] = (expected, now_ms)
+            return False
+        if now_ms - seen[1] < self.stall_ms:
+            return False
+        self._since[tp] = (expected, now_ms)  # once per stall period, not every tick
+        return True

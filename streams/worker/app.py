@@ -58,7 +58,7 @@ from handlers.partition_reader import FetchedRecord, PartitionReader, RangeNotRe
 from handlers.worker_metrics import WorkerMetrics
 from projections.admission import Attempt, admit, needs_attempt_record
 from projections.fold import fold_under
-from projections.offsets import OffsetTracker
+from projections.offsets import OffsetTracker, TailWatch
 from projections.sweep import fold_sweep
 from projections.timer_index import TimerIndex
 from schemas.config import RouterConfig, Settings
@@ -136,6 +136,7 @@ class WorkerApp:
         self.lanes = lanes or Lanes()
         self.index = TimerIndex()
         self.offsets = OffsetTracker()
+        self.tails = TailWatch()
         self.reader = PartitionReader(env.bootstrap, env.app_id)
         self.broker_ok = True
         fetch_latency.install()
@@ -605,12 +606,33 @@ class WorkerApp:
             )
         return owned, resume
 
+    async def refetch_stuck_tails(self, now: int) -> None:
+        """Send the consumer back to the expected offset of a partition stopped short of its last records."""
+        consumer = self.app.consumer
+        sources = self._source_topics()
+        for tp in consumer.assignment():
+            if tp.topic not in sources:
+                continue
+            key = (tp.topic, tp.partition)
+            expected = self.offsets.expected(key)
+            if self.tails.stuck(key, expected, consumer.highwater(tp), now) and expected is not None:
+                log.warning(
+                    "partition stopped short of its last records: fetching them again",
+                    extra={"topic": tp.topic, "partition": tp.partition, "expected": expected},
+                )
+                self.metrics.offset_gaps.labels(tp.topic).inc()
+                await consumer.seek(tp, expected)
+
     async def fire_due_timers(self) -> None:
         """Emit `TimerFired` for what is due in the partitions this worker owns (DESIGN §7)."""
         if not self.ready():
             return
         owned, resume = self._refresh_index()
         now = self.now_ms()
+        try:
+            await self.refetch_stuck_tails(now)
+        except Exception as exc:  # a consumer between rebalances: the next tick tries again
+            log.warning("tail check skipped", extra={"error_type": type(exc).__name__})
         for key, due_ms in resume:
             await self._send(self.conversations, key, TimerFired(key=key, due_ms=due_ms, at_ms=now, resume=True))
             self.metrics.runs_resumed.inc()

@@ -59,3 +59,26 @@ def test_a_revoked_partition_is_forgotten() -> None:
     assert tracker.check(B, 3).verdict == "untracked"
     tracker.assign([A, B], {A: 0, B: 2})
     assert tracker.check(B, 2).verdict == "next"  # not 6: it was away, the group's offset rules
+
+
+def test_a_quiet_partition_stopped_short_of_its_last_records_is_fetched_again() -> None:
+    """The record Faust dropped was the partition's last: no later record will ever reveal the gap."""
+    from projections.offsets import TailWatch
+
+    watch = TailWatch(stall_ms=10_000)
+    assert not watch.stuck(A, expected=298, highwater=299, now_ms=0)
+    assert not watch.stuck(A, expected=298, highwater=299, now_ms=9_000)
+    assert watch.stuck(A, expected=298, highwater=299, now_ms=10_000)
+    assert not watch.stuck(A, expected=298, highwater=299, now_ms=11_000)  # once per stall period
+    assert watch.stuck(A, expected=298, highwater=299, now_ms=20_000)
+
+
+def test_a_backlog_being_worked_through_or_a_caught_up_partition_is_left_alone() -> None:
+    from projections.offsets import TailWatch
+
+    watch = TailWatch(stall_ms=10_000)
+    for second, expected in enumerate(range(100, 130)):
+        assert not watch.stuck(A, expected=expected, highwater=500, now_ms=second * 1000)
+    assert not watch.stuck(B, expected=40, highwater=40, now_ms=0)
+    assert not watch.stuck(B, expected=40, highwater=40, now_ms=60_000)
+    assert not watch.stuck(B, expected=None, highwater=41, now_ms=60_000)
