@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import logging
 import sys
+import time
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
@@ -26,6 +27,7 @@ from streams.worker import WorkerEnv, build_worker, read_worker_env
 log = logging.getLogger("chatwoot_router.worker")
 
 EXIT_KAFKA_UNAVAILABLE = 1
+BROKER_WAIT_S = 60.0  # how long a starting worker waits for an unreachable broker before it gives up
 DEFAULT_WEB_PORT = 6066
 DEFAULT_WEB_HOST = "127.0.0.1"
 TOPICS = ("conversations", "effects", "sweeps", "dlq")
@@ -103,12 +105,20 @@ def run(args: argparse.Namespace) -> int:
 
     settings = load_or_exit(args.config)
     env = env_or_exit()
-    try:
-        replication = asyncio.run(prepare_topics(env))
-        book = asyncio.run(prepare_configuration(settings, env))
-    except Exception as exc:  # exit non-zero so a supervisor restarts us once Kafka is back
-        print(f"kafka not usable at {env.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_KAFKA_UNAVAILABLE
+    deadline = time.monotonic() + BROKER_WAIT_S
+    delay = 0.5
+    while True:  # a broker restarting (or not up yet) is waited for; one that stays away exits non-zero
+        try:
+            replication = asyncio.run(prepare_topics(env))
+            book = asyncio.run(prepare_configuration(settings, env))
+            break
+        except Exception as exc:
+            if time.monotonic() + delay > deadline:
+                print(f"kafka not usable at {env.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                return EXIT_KAFKA_UNAVAILABLE
+            print(f"waiting for kafka at {env.bootstrap}: {type(exc).__name__}", file=sys.stderr, flush=True)
+            time.sleep(delay)  # backoff between connection attempts, bounded by BROKER_WAIT_S
+            delay = min(delay * 2, 5.0)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     worker_app = build_worker(

@@ -90,7 +90,7 @@ from streams.worker.env import WorkerEnv
 log = logging.getLogger("chatwoot_router.worker")
 
 TICK_S = 1.0
-BROKER_PROBE_S = 5.0
+BROKER_PROBE_S = 2.0
 SHUTDOWN_DRAIN_S = 5.0
 REVOKE_DRAIN_S = 5.0
 SESSION_TIMEOUT_S = 15.0
@@ -465,14 +465,27 @@ class WorkerApp:
         stored = self.states.get(key)
         state = ConversationState.model_validate(stored) if stored is not None else ConversationState()
         result = fold_under(self.document_in_force("conversations", partition), state, record, offset)
+        # A redelivered record (already applied) re-writes the state it finds: after a SIGKILL the local store can
+        # hold a value whose changelog record never left, and the changelog must get it before the offset moves
+        # past this record (docs/consumer-gaps.md §2).
+        redelivered = result.state is state and stored is not None
         if result.state is not state:
             self.states[key] = result.state.model_dump(mode="json")
             self.metrics.events_folded.labels("conversations", record.type).inc()
+        elif redelivered:
+            self.states[key] = stored
         if any(command.op == "create_message" for command in result.commands):
             await self.app.producer.flush()  # the ledger entry is durable before the reply may be sent
         await self._send_commands(result.commands)
         run = result.state.run
-        self.set_timer(partition, key, result.wakeup_ms, waiting=run is not None and run.pending is not None)
+        self.set_timer(
+            partition,
+            key,
+            result.wakeup_ms,
+            waiting=run is not None and run.pending is not None,
+            issued=bool(result.commands),
+            rewrite=redelivered,
+        )
         for outcome in result.outcomes:
             self.report_turn(outcome)
 
@@ -488,13 +501,16 @@ class WorkerApp:
         state = SweepState.model_validate(stored) if stored is not None else SweepState()
         document = self.document_in_force("sweeps", partition)
         result = fold_sweep(state, record, offset, document.config, retry_base_ms=document.fold.retry_base_ms)
+        redelivered = result.state is state and stored is not None  # re-written: see handle_conversation_event
         if result.state is not state:
             self.sweep_states[key] = result.state.model_dump(mode="json")
             self.metrics.events_folded.labels("sweeps", record.type).inc()
+        elif redelivered:
+            self.sweep_states[key] = stored
         await self._send_commands(result.commands)
         for found in result.found:
             await self._send(self.conversations, found.key, found)
-        self.set_timer(partition, key, result.wakeup_ms)
+        self.set_timer(partition, key, result.wakeup_ms, rewrite=redelivered)
 
     def awaited_command(self, key: str) -> EffectCommand | None:
         """The command the key's run (or sweep page) waits for now, as the fold recorded it."""
@@ -561,20 +577,33 @@ class WorkerApp:
 
     # --- timers ------------------------------------------------------------------------------------------
 
-    def set_timer(self, partition: int, key: str, due_ms: int | None, *, waiting: bool = False) -> None:
+    def set_timer(
+        self,
+        partition: int,
+        key: str,
+        due_ms: int | None,
+        *,
+        waiting: bool = False,
+        issued: bool = False,
+        rewrite: bool = False,
+    ) -> None:
         """Record the key's next due time in the table (inside an agent) and in the in-memory index.
 
-        A run that waits for an effect's outcome is marked with this process's id: another process that takes
-        the partition over resumes it at once instead of waiting for the command's deadline.
+        A run that waits for an effect's outcome is marked with the id of the process that issued the awaited
+        command (this one when it `issued` it now): another process that takes the partition over, or this
+        process restarted, resumes it at once instead of waiting for the command's deadline. `rewrite` writes
+        the entry even when the store already holds it (a redelivered record: see `handle_conversation_event`).
         """
         stored = self.timers.get(key)
-        by = self.instance_id if waiting else None
+        by = None
+        if waiting:
+            issuer = stored.get("waiting_by") if isinstance(stored, dict) else None
+            by = self.instance_id if issued or issuer is None else issuer
         entry = None if due_ms is None else {"due": due_ms, "p": partition, "waiting_by": by}
-        if entry != stored:
-            if entry is None:
-                del self.timers[key]
-            else:
-                self.timers[key] = entry
+        if entry is not None and (entry != stored or rewrite):
+            self.timers[key] = entry
+        elif entry is None and stored is not None:
+            del self.timers[key]
         self.index.set(partition, key, due_ms)
 
     def _refresh_index(self) -> tuple[frozenset[int], list[tuple[str, int]]]:
