@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaProducer
 from handlers.kafka_topics import ensure_topics
 from handlers.log_reader import read_topic, topic_partitions
 from schemas.configs import ConfigBook, ConfigDocument
-from schemas.records import ConfigApplied
+from schemas.records import MARKER_KEY, ConfigApplied
 
 COMPACTED = {"cleanup.policy": "compact"}
 
@@ -61,7 +61,7 @@ async def apply(bootstrap: str, app_id: str, document: ConfigDocument) -> int:
             configs_topic(app_id), key=document.version.encode(), value=stored.model_dump_json().encode()
         )
         for tp in targets:
-            await producer.send_and_wait(tp.topic, key=b"config", value=marker, partition=tp.partition)
+            await producer.send_and_wait(tp.topic, key=MARKER_KEY.encode(), value=marker, partition=tp.partition)
     finally:
         await producer.stop()
     return len(targets)

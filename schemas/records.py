@@ -386,6 +386,10 @@ class EffectOutcome(Record):
     requests: int = 0
 
 
+MARKER_KEY = "config"
+"""The Kafka key of every `ConfigApplied` marker (markers go to an explicit partition, so any key would do)."""
+
+
 class ConfigApplied(Record):
     """Marker written into every partition of `conversations` and `sweeps` by `config apply` (DESIGN §8).
 
@@ -394,7 +398,7 @@ class ConfigApplied(Record):
     """
 
     type: Literal["config_applied"] = "config_applied"
-    key: str = "config"
+    key: str = MARKER_KEY
     version: str = Field(description="content hash of the configuration document")
 
 

@@ -25,11 +25,11 @@ from handlers.log_reader import read_topic
 from projections.audit import LogReplay, render_text
 from projections.console_model import ConsoleModel
 from schemas.config import ConfigError, load_config_file
+from schemas.records import MARKER_KEY
 from schemas.state import ConversationState
 from streams.config_cmd import env_or_exit
 
 STATE_TABLE = "conversation_state"
-MARKER_KEY = b"config"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +62,7 @@ async def replay_all(
 ) -> LogReplay:
     """Every conversation's trail (or only `only_key`'s) rebuilt from the topic; markers always apply. `page`,
     when given, is fed the same records (the console's read model, for --html)."""
-    wanted = {only_key.encode(), MARKER_KEY} if only_key is not None else None
+    wanted = {only_key.encode(), MARKER_KEY.encode()} if only_key is not None else None
 
     def apply(record: ConsumerRecord[bytes, bytes]) -> None:
         if wanted is None or record.key in wanted:
