@@ -39,7 +39,7 @@ def conversation_logs() -> list[tuple[int, list[str]]]:
     logs = []
     for history in histories():
         account, conversation = history.name.split("-")
-        if account != "1":
+        if account != "1" or history.directory.name != "demo":
             continue
         rows = [json.loads(line)["record"] for line in history.events_path.read_text().splitlines()]
         logs.append((int(conversation), [json.dumps(r, separators=(",", ":")) for r in rows]))

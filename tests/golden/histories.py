@@ -2,16 +2,23 @@
 
 Each history is a directory under `tests/golden/` with:
 
-- `meta.json`: the fold settings the log was recorded under (`retry_base_ms`) and where it came from;
-- `config.json`: the routing configuration in force (no secrets: the fold never sees any);
+- either `configs.jsonl`: the configuration documents of `<app>.configs` in the order they were applied (routing
+  configuration and fold settings, no secrets: the fold never sees any), and the events files then hold the
+  `ConfigApplied` markers of the conversation's partition, so the fold switches versions where the log did;
+- or, for a log recorded before configurations were events, `config.json` (the routing configuration) and
+  `meta.json` (the fold settings, `retry_base_ms`), in force for the whole log;
 - `<account>-<conversation>.events.jsonl`: one conversation's events, `{"offset": o, "record": {...}}` a line, in
-  offset order, exactly as they were on `<app>.conversations`;
+  offset order, exactly as they were on `<app>.conversations` (with its partition's markers, if versioned);
 - `<account>-<conversation>.expected.jsonl`: per event, the commands and turn outcomes the fold must produce.
 
-Record a new history from a running router (for example `chatwoot-router demo --keep-running`):
+Record a new history from a running router's log (for example `chatwoot-router demo --keep-running`); the
+configuration versions come from `<app>.configs`:
 
     .venv/bin/python -m tests.golden.histories record --bootstrap 127.0.0.1:19092 --app-id demo-1234abcd \\
-        --config streams/demo/router.yaml --retry-base-ms 500 --out tests/golden/demo
+        --out tests/golden/NAME
+
+(`tests/golden/config_change.py` drives the sandbox through a configuration change and records
+`tests/golden/config-change` this way.)
 
 After a deliberate change of behaviour, regenerate every expected file (then review the diff like code):
 
@@ -30,11 +37,14 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from projections.fold import Event, fold
+from projections.fold import Event, fold, fold_under
 from schemas.config import RouterConfig, load_config_file
+from schemas.configs import ConfigBook, ConfigDocument
+from schemas.records import ConfigApplied
 from schemas.state import ConversationState
 
 ROOT = Path(__file__).resolve().parent
+CONFIGS = "configs.jsonl"
 _EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 
 
@@ -53,15 +63,37 @@ class History:
     def expected_path(self) -> Path:
         return self.directory / f"{self.name}.expected.jsonl"
 
-    def events(self) -> list[tuple[int, Event]]:
-        lines = self.events_path.read_text().splitlines()
-        return [(int(row["offset"]), _EVENT.validate_python(row["record"])) for row in map(json.loads, lines)]
+    @property
+    def versioned(self) -> bool:
+        """Whether the log carries its configuration versions (markers and `configs.jsonl`)."""
+        return (self.directory / CONFIGS).exists()
+
+    def events(self) -> list[tuple[int, Event | ConfigApplied]]:
+        rows = map(json.loads, self.events_path.read_text().splitlines())
+        return [(int(row["offset"]), _parse(row["record"])) for row in rows]
 
     def expected(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.expected_path.read_text().splitlines()]
 
 
+def _parse(record: dict[str, Any]) -> Event | ConfigApplied:
+    if record.get("type") == "config_applied":
+        return ConfigApplied.model_validate(record)
+    return _EVENT.validate_python(record)
+
+
+def book_of(directory: Path) -> ConfigBook:
+    """The configuration versions of a versioned history, in the order they were applied."""
+    lines = (directory / CONFIGS).read_text().splitlines()
+    return ConfigBook([ConfigDocument.model_validate_json(line) for line in lines])
+
+
 def settings_of(directory: Path) -> tuple[RouterConfig, int]:
+    """The configuration and retry base in force for a whole history (the first version of a versioned one)."""
+    if (directory / CONFIGS).exists():
+        first = book_of(directory).first
+        assert first is not None, f"{directory / CONFIGS} is empty"
+        return first.config, first.fold.retry_base_ms
     config = RouterConfig.model_validate(json.loads((directory / "config.json").read_text()))
     meta = json.loads((directory / "meta.json").read_text())
     return config, int(meta["retry_base_ms"])
@@ -74,12 +106,28 @@ def histories(root: Path = ROOT) -> list[History]:
 
 
 def replay(history: History) -> list[dict[str, Any]]:
-    """Fold the history with the current code: per event, its commands and turn outcomes (as JSON)."""
-    config, retry_base_ms = settings_of(history.directory)
+    """Fold the history with the current code: per event, its commands and turn outcomes (as JSON).
+
+    A versioned history switches to a marker's version where the marker is, as a worker does; a marker row
+    produces a row of its own (no commands, no outcomes, the version now in force).
+    """
     state = ConversationState()
     produced: list[dict[str, Any]] = []
+    if history.versioned:
+        book, version = book_of(history.directory), None
+    else:
+        config, retry_base_ms = settings_of(history.directory)
     for offset, event in history.events():
-        result = fold(state, event, offset, config, retry_base_ms=retry_base_ms)
+        if isinstance(event, ConfigApplied):
+            version = event.version if event.version in book else version
+            produced.append({"offset": offset, "commands": [], "outcomes": [], "version": version})
+            continue
+        if history.versioned:
+            document = book.in_force(version)
+            assert document is not None, "a versioned history has at least one document"
+            result = fold_under(document, state, event, offset)
+        else:
+            result = fold(state, event, offset, config, retry_base_ms=retry_base_ms)
         state = result.state
         produced.append(
             {
@@ -99,26 +147,49 @@ def regenerate(root: Path = ROOT) -> int:
     return len(found)
 
 
-async def record(bootstrap: str, app_id: str, config_path: Path, retry_base_ms: int, out: Path) -> int:
-    """Write every conversation of `<app_id>.conversations` as a history under `out`."""
+async def record(
+    bootstrap: str, app_id: str, out: Path, config_path: Path | None = None, retry_base_ms: int | None = None
+) -> int:
+    """Write every conversation of `<app_id>.conversations` as a history under `out`.
+
+    With configuration versions on the log (`<app>.configs`), the history is versioned: each conversation's
+    file holds its partition's markers too. Without, `config_path` and `retry_base_ms` say what was in force.
+    """
+    from handlers.config_store import read_book
     from handlers.log_reader import read_topic
 
     by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    markers: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    partition_of: dict[str, int] = {}
 
     def keep(raw: Any) -> None:
         try:
-            event = _EVENT.validate_json(raw.value or b"")
+            parsed = _parse(json.loads(raw.value or b""))
         except ValueError:
             return
-        by_key[event.key].append({"offset": raw.offset, "record": event.model_dump(mode="json")})
+        row = {"offset": raw.offset, "record": parsed.model_dump(mode="json")}
+        if isinstance(parsed, ConfigApplied):
+            markers[raw.partition].append(row)
+        else:
+            by_key[parsed.key].append(row)
+            partition_of[parsed.key] = raw.partition
 
     await read_topic(bootstrap, f"{app_id}.conversations", keep)
+    book = await read_book(bootstrap, app_id)
     out.mkdir(parents=True, exist_ok=True)
-    config = load_config_file(config_path)
-    (out / "config.json").write_text(json.dumps(config.model_dump(mode="json", by_alias=True), indent=1) + "\n")
-    meta = {"retry_base_ms": retry_base_ms, "recorded_from": f"{app_id}.conversations"}
-    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    if len(book):
+        lines = [d.model_dump_json() for d in book.documents()]
+        (out / CONFIGS).write_text("\n".join(lines) + "\n")
+    else:
+        if config_path is None or retry_base_ms is None:
+            raise SystemExit(f"{app_id}.configs holds no version: pass --config and --retry-base-ms")
+        config = load_config_file(config_path)
+        body = config.model_dump(mode="json", by_alias=True)
+        (out / "config.json").write_text(json.dumps(body, indent=1) + "\n")
+        meta = {"retry_base_ms": retry_base_ms, "recorded_from": f"{app_id}.conversations"}
+        (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     for key, rows in sorted(by_key.items()):
+        rows = rows + (markers[partition_of[key]] if len(book) else [])
         rows.sort(key=lambda row: row["offset"])
         name = key.replace(":", "-")
         (out / f"{name}.events.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
@@ -131,13 +202,13 @@ def main() -> None:
     rec = sub.add_parser("record", help="record the histories of a running router's event log")
     rec.add_argument("--bootstrap", required=True)
     rec.add_argument("--app-id", required=True)
-    rec.add_argument("--config", type=Path, required=True)
-    rec.add_argument("--retry-base-ms", type=int, required=True)
+    rec.add_argument("--config", type=Path, help="only for a log without configuration versions")
+    rec.add_argument("--retry-base-ms", type=int, help="only for a log without configuration versions")
     rec.add_argument("--out", type=Path, required=True)
     sub.add_parser("regenerate", help="rewrite every expected file with the current fold")
     args = parser.parse_args()
     if args.command == "record":
-        count = asyncio.run(record(args.bootstrap, args.app_id, args.config, args.retry_base_ms, args.out))
+        count = asyncio.run(record(args.bootstrap, args.app_id, args.out, args.config, args.retry_base_ms))
         print(f"recorded {count} conversations into {args.out}; now run: regenerate")
     else:
         print(f"regenerated {regenerate()} histories")
