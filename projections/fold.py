@@ -116,7 +116,7 @@ def fold(
     result = folder.finish()
     if config_version is None or result.state.config_version == config_version:
         return result
-    return result._replace(state=result.state.model_copy(update={"config_version": config_version}))
+    return result._replace(state=result.state.evolve(config_version=config_version))
 
 
 def fold_under(document: ConfigDocument, state: ConversationState, event: Event, offset: int) -> FoldResult:
@@ -129,6 +129,11 @@ def fold_under(document: ConfigDocument, state: ConversationState, event: Event,
         retry_base_ms=document.fold.retry_base_ms,
         config_version=document.version,
     )
+
+
+def _same(part: object, original: object) -> bool:
+    """Whether a part of the state is unchanged: the same object (most steps touch few parts) or an equal one."""
+    return part is original or part == original
 
 
 class _Folder:
@@ -173,24 +178,23 @@ class _Folder:
         return self.run
 
     def set_run(self, **update: object) -> None:
-        self.run = self.r.model_copy(update=update)
+        self.run = self.r.evolve(**update)
 
     def finish(self) -> FoldResult:
         o = self.original
-        stamp = {"offset": self.offset}
-        guard = self.guard if self.guard == o.guard else self.guard.model_copy(update=stamp)
-        ledger = self.ledger if self.ledger == o.ledger else self.ledger.model_copy(update=stamp)
-        job = self.job if self.job is None or self.job == o.job else self.job.model_copy(update=stamp)
-        run = self.run if self.run is None or self.run == o.run else self.run.model_copy(update=stamp)
-        state = ConversationState(
-            offset=self.offset,
+        at = self.offset
+        guard = self.guard if _same(self.guard, o.guard) else self.guard.evolve(offset=at)
+        ledger = self.ledger if _same(self.ledger, o.ledger) else self.ledger.evolve(offset=at)
+        job = self.job if self.job is None or _same(self.job, o.job) else self.job.evolve(offset=at)
+        run = self.run if self.run is None or _same(self.run, o.run) else self.run.evolve(offset=at)
+        state = o.evolve(
+            offset=at,
             guard=guard,
             ledger=ledger,
             memos=self.memos,
             job=job,
             run=run,
             runs=self.runs,
-            config_version=o.config_version,
         )
         return FoldResult(state, self.commands, wakeup_of(state), self.outcomes)
 
@@ -214,7 +218,7 @@ class _Folder:
             self.job = Job(not_before=self.now, created_at=self.now)
         else:
             not_before = self.job.not_before if self.job.attempts > 0 else min(self.job.not_before, self.now)
-            self.job = self.job.model_copy(update={"version": self.job.version + 1, "not_before": not_before})
+            self.job = self.job.evolve(version=self.job.version + 1, not_before=not_before)
 
     def maybe_start(self) -> None:
         if self.run is not None or self.job is None or self.job.not_before > self.now:
@@ -300,7 +304,7 @@ class _Folder:
         self._outcome(result, **fields)
         self.guard = clear_failures(self.guard)
         if self.job is not None and self.job.version != self.r.job_version:
-            self.job = self.job.model_copy(update={"attempts": 0, "not_before": self.now})
+            self.job = self.job.evolve(attempts=0, not_before=self.now)
         else:
             self.job = None
         self.run = None
@@ -309,7 +313,7 @@ class _Folder:
         """Due again now, no failure counted; the next run re-decides with a fresh budget."""
         self._outcome("deferred", reason=reason)
         if self.job is not None:
-            self.job = self.job.model_copy(update={"not_before": self.now})
+            self.job = self.job.evolve(not_before=self.now)
         self.run = None
 
     def drop(self) -> None:
@@ -324,7 +328,7 @@ class _Folder:
         delay = retry_delay(self.guard.failures - 1, self.retry_base_ms)
         self._outcome("retry", reason=reason, failures=self.guard.failures, delay_ms=delay)
         if self.job is not None:
-            self.job = self.job.model_copy(update={"attempts": self.job.attempts + 1, "not_before": self.now + delay})
+            self.job = self.job.evolve(attempts=self.job.attempts + 1, not_before=self.now + delay)
         self.run = None
 
     def failed(self, o: EffectOutcome, *, drop_on_missing: bool) -> bool:
@@ -488,7 +492,7 @@ class _Folder:
         elif purpose == "before_send":
             self.issue(CreateMessage(content=self.r.canned_content or ""), "send")
             if self.run is not None:  # issued (not deferred for budget): the ledger goes with the command
-                self.ledger = self.ledger.model_copy(update={"value": "attempted"})
+                self.ledger = self.ledger.evolve(value="attempted")
         else:
             self.ending()
 
@@ -573,7 +577,7 @@ class _Folder:
             self.handoff("reply_history_unknown")
         elif found == "found":
             if self.ledger.value is None:
-                self.ledger = self.ledger.model_copy(update={"value": "observed"})
+                self.ledger = self.ledger.evolve(value="observed")
             self.agents_step()
         elif self.ledger.value is not None:
             self.handoff("reply_attempted_before")

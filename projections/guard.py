@@ -24,13 +24,11 @@ def expect_activity(g: TurnGuard, status: str, at: float | None = None) -> TurnG
     claimed = g.claimed if g.claimed is not None else g.transition_at is not None
     after = (g.boundary or 0) if (at is None or claimed) else 0
     previous_after = g.expected.after if g.expected is not None else 0
-    return g.model_copy(
-        update={
-            "expected": Expected(status=status, at=at, after=max(previous_after, after)),
-            "transition_at": at if at is not None else g.transition_at,
-            "handoff": False,
-            "failures": 0,
-        }
+    return g.evolve(
+        expected=Expected(status=status, at=at, after=max(previous_after, after)),
+        transition_at=at if at is not None else g.transition_at,
+        handoff=False,
+        failures=0,
     )
 
 
@@ -40,22 +38,22 @@ def observe_status(g: TurnGuard, status: str) -> TurnGuard:
     if g.pending is True and not is_pending:
         g = expect_activity(g, status)
     if g.pending != is_pending:
-        g = g.model_copy(update={"pending": is_pending})
+        g = g.evolve(pending=is_pending)
     return g
 
 
 def record_failure(g: TurnGuard) -> TurnGuard:
     """§4.5: count a processing failure; the third one turns on handoff mode."""
     failures = g.failures + 1
-    return g.model_copy(update={"failures": failures, "handoff": g.handoff or failures >= 3})
+    return g.evolve(failures=failures, handoff=g.handoff or failures >= 3)
 
 
 def clear_failures(g: TurnGuard) -> TurnGuard:
-    return g if g.failures == 0 else g.model_copy(update={"failures": 0})
+    return g if g.failures == 0 else g.evolve(failures=0)
 
 
 def request_handoff(g: TurnGuard) -> TurnGuard:
-    return g if g.handoff else g.model_copy(update={"handoff": True})
+    return g if g.handoff else g.evolve(handoff=True)
 
 
 def apply_turn_read(g: TurnGuard, turn: TurnResult) -> TurnGuard:
@@ -89,4 +87,4 @@ def apply_turn_read(g: TurnGuard, turn: TurnResult) -> TurnGuard:
         update.update(claimed=e.at is not None, expected=None)
     if turn.deleted or missing or not turn.complete:
         update["handoff"] = True
-    return g.model_copy(update=update)
+    return g.evolve(**update)
