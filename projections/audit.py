@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pydantic import TypeAdapter, ValidationError
 
 from projections.fold import DEFAULT_RETRY_BASE_MS, fold
-from projections.jev import Decision
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook
+from schemas.decision import Decision
 from schemas.records import (
     Assign,
     ConversationEvent,

@@ -26,9 +26,9 @@ from pydantic import TypeAdapter, ValidationError
 from projections.audit import describe_outcome
 from projections.fold import DEFAULT_RETRY_BASE_MS, Event, fold, wakeup_of
 from projections.inputs import build_input
-from projections.jev import Decision
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
+from schemas.decision import Decision
 from schemas.records import (
     Assign,
     ConversationEvent,

@@ -20,7 +20,6 @@ from projections.guard import (
     request_handoff,
 )
 from projections.inputs import build_input, memo_key
-from projections.jev import Decision
 from projections.rules import (
     actionable_kind,
     confident_assignee,
@@ -33,6 +32,7 @@ from projections.rules import (
 from projections.turn import is_confirmed_brand_reply
 from schemas.config import Kind, RouterConfig
 from schemas.configs import ConfigDocument
+from schemas.decision import Decision
 from schemas.records import (
     AgentsResult,
     Assign,

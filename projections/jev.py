@@ -13,9 +13,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from schemas.config import RouterConfig
+from schemas.decision import Decision
 
 I_OWNER = "Choose who should handle this support ticket. Judge only from the ticket text."
 I_TOPIC = "Choose the topic of this support ticket. Judge only from the ticket text."
@@ -45,20 +44,6 @@ FIXED_TEXTS: dict[str, str] = {
     "C_none_request": C_NONE_REQUEST,
     "C_none_kind": C_NONE_KIND,
 }
-
-
-class Decision(BaseModel):
-    """Jev's answers reduced to what the rules use (behavior.md §7.4); also the memo value (§7.6)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    owner: str | None
-    owner_confidence: float = 0.0
-    topic: str | None = None
-    topic_confidence: float = 0.0
-    kind: str | None = None
-    kind_confidence: float = 0.0
-    no_request: bool = False
 
 
 # --- the request (behavior.md §7.1) ---------------------------------------------------------------------

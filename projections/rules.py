@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from projections.inputs import is_customer_message
-from projections.jev import Decision
 from schemas.config import Kind, RouterConfig
+from schemas.decision import Decision
 from schemas.records import ConversationView, MessageView
 
 WAIT_S = 1800

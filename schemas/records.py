@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from projections.jev import Decision
+from schemas.decision import Decision
 
 
 class Record(BaseModel):

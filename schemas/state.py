@@ -11,7 +11,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from projections.jev import Decision
+from schemas.decision import Decision
 from schemas.records import ConversationView, EffectCommand, TurnResult
 
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from projections.fold import FoldResult, fold
-from projections.jev import Decision
 from projections.redaction import sanitize
 from projections.turn import ReplyHistoryScan, TurnPager
 from schemas.config import RouterConfig, parse_config
+from schemas.decision import Decision
 from schemas.records import (
     AgentsResult,
     CannedResult,
