@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("streams.replay_cmd", "re-publish dead-lettered records to their source topic (`replay dlq`)"),
     "sweep": ("streams.sweep_cmd", "request a sweep pass now (durable in Kafka before exit 0)"),
     "console": ("streams.console_cmd", "serve the read-only operator console (overview, conversation timelines)"),
+    "whatif": ("streams.whatif_cmd", "re-decide recorded turns under a candidate configuration (no side effects)"),
 }
 
 

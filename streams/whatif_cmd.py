@@ -1,0 +1,156 @@
+"""`chatwoot-router whatif`: what recorded turns would have done under a candidate configuration (DESIGN §8).
+
+    chatwoot-router whatif --config CANDIDATE [--since 7d | --from 2025-01-01T00:00:00Z] [--account N]
+                           [--conversation A:C] [--ask [--cache DIR]] [--json FILE] [--html FILE]
+
+Replays `<app>.conversations` under the configuration versions that were in force (`<app>.configs`; only for a
+log without any, `ROUTER_CONFIG`) and re-decides every run that reached a decision under the candidate with the
+router's own fold (projections/whatif.py). It never calls Chatwoot. With `--ask` it puts the candidate's new
+System One questions to the candidate's endpoint and model (`TYPESAFE_API_KEY`), answers cached under `--cache`.
+An invalid candidate is reported like `config check` (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from aiokafka.errors import KafkaError
+
+from handlers.config_store import read_book
+from handlers.systemone import SystemOneClient
+from handlers.whatif import DEFAULT_CACHE_DIR, DEFAULT_CONCURRENCY, AnswerCache, ask, record_turns
+from projections.whatif import Report, TurnRecorder, build_report, select
+from projections.whatif_render import render_html, render_text
+from schemas.config import ConfigError, RouterConfig, load_config_file
+from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
+from streams.config_cmd import EXIT_INVALID_CONFIG, env_or_exit, fail
+
+_DURATION = re.compile(r"([0-9]{1,9})([smhdw])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+_CONVERSATION = re.compile(r"[1-9][0-9]{0,15}:[1-9][0-9]{0,15}")
+
+
+def duration_s(text: str) -> int:
+    """`30m`, `24h`, `7d`, `2w` → seconds; argparse reports anything else."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError("a duration like 30m, 24h, 7d or 2w")
+    return int(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+def instant_ms(text: str) -> int:
+    """An ISO 8601 time (UTC when it names no offset) → epoch milliseconds."""
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError("an ISO 8601 time such as 2025-01-31T12:00:00Z") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def conversation_key(text: str) -> str:
+    if _CONVERSATION.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError("ACCOUNT:CONVERSATION, e.g. 1:42")
+    return text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="CANDIDATE", help="the candidate configuration file")
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument("--since", type=duration_s, metavar="DURATION", help="only turns of the last 30m, 24h, 7d, …")
+    when.add_argument("--from", dest="from_ms", type=instant_ms, metavar="ISO", help="only turns from this time on")
+    parser.add_argument("--account", type=int, metavar="N", help="only this account's turns")
+    parser.add_argument("--conversation", type=conversation_key, metavar="A:C", help="only this conversation")
+    parser.add_argument(
+        "--ask", action="store_true", help="put the candidate's new questions to System One (its endpoint and model)"
+    )
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=DEFAULT_CACHE_DIR,
+        metavar="DIR",
+        help=f"where --ask keeps System One's answers (default {DEFAULT_CACHE_DIR}/)",
+    )
+    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
+    parser.add_argument("--html", type=Path, metavar="FILE", help="also write the report as a standalone page")
+
+
+def _progress(count: int, rate: float) -> None:
+    print(f"  … {count} records replayed ({rate:,.0f}/s)", file=sys.stderr, flush=True)
+
+
+def _live_book(book: ConfigBook, retry_base_ms: int, config_path: str | None) -> ConfigBook:
+    """The applied versions; for a log that never had one, the file in `ROUTER_CONFIG` as its only version."""
+    if len(book):
+        return book
+    if not config_path:
+        raise ConfigError("CONFIG", "", "no configuration version was ever applied and ROUTER_CONFIG is unset")
+    return ConfigBook([ConfigDocument.of(load_config_file(config_path), FoldSettings(retry_base_ms=retry_base_ms))])
+
+
+async def _ask(
+    report: Report, candidate: RouterConfig, api_key: str, cache: AnswerCache, concurrency: int
+) -> tuple[dict[str, object], int, int, int]:
+    async with SystemOneClient(candidate.routing.endpoint, api_key) as client:
+        asked = await ask(report.questions(), client, cache, concurrency=max(1, concurrency))
+    for digest, error in asked.failed.items():
+        print(f"System One: question {digest[:12]}: {error}", file=sys.stderr)
+    return asked.answers, asked.asked, asked.cached, len(asked.failed)
+
+
+def run(args: argparse.Namespace) -> int:
+    env = env_or_exit()
+    try:
+        candidate = load_config_file(args.config)
+    except ConfigError as exc:
+        raise fail(exc) from None
+    api_key = env.typesafe_api_key
+    if args.ask and not (api_key and api_key.strip()):
+        print("Invalid secrets: TYPESAFE_API_KEY: whatif --ask needs it", file=sys.stderr)
+        return EXIT_INVALID_CONFIG
+    version = ConfigDocument.of(candidate, FoldSettings(retry_base_ms=env.retry_base_ms)).version
+    try:
+        book = asyncio.run(read_book(env.bootstrap, env.app_id))
+        live = _live_book(book, env.retry_base_ms, env.config_path)
+    except ConfigError as exc:
+        raise fail(exc) from None
+    except (LookupError, KafkaError, OSError) as exc:
+        print(f"whatif: kafka at {env.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    recorder = TurnRecorder(live)
+    try:
+        asyncio.run(
+            record_turns(
+                env.bootstrap, env.topic("conversations"), recorder, only_key=args.conversation, progress=_progress
+            )
+        )
+    except (LookupError, KafkaError, OSError) as exc:
+        print(f"whatif: kafka at {env.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    from_ms = args.from_ms
+    if args.since is not None:
+        from_ms = time.time_ns() // 1_000_000 - args.since * 1000
+    turns = select(recorder.turns, from_ms=from_ms, account_id=args.account, key=args.conversation)
+    report = build_report(turns, candidate, version, undecided=recorder.undecided)
+    if args.ask and report.questions():
+        assert api_key is not None
+        answers, asked, cached, failed = asyncio.run(
+            _ask(report, candidate, api_key, AnswerCache(args.cache), args.concurrency)
+        )
+        report = build_report(turns, candidate, version, answers=answers, undecided=recorder.undecided)
+        report.asked, report.cached, report.ask_failures = asked, cached, failed
+    print(render_text(report), end="")
+    if args.json:
+        args.json.write_text(json.dumps(report.as_json(), ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    if args.html:
+        args.html.write_text(render_html(report), encoding="utf-8")
+    return 0
