@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from handlers.log_reader import topic_partitions
 from projections.audit import ConversationTrail, LogReplay
 from schemas.config import RouterConfig
+from schemas.keys import conversation_key
 from schemas.records import TurnOutcome
 
 FINAL_RESULTS = ("assigned", "ended", "handed_off", "waited", "nothing", "dropped")
@@ -99,7 +100,7 @@ class Played:
 
     @property
     def key(self) -> str:
-        return f"{self.account_id}:{self.conversation_id}"
+        return conversation_key(self.account_id, self.conversation_id)
 
 
 @dataclass

@@ -33,9 +33,10 @@ from handlers.chatwoot import (
 from handlers.systemone import JevHTTPError, JevTimeout, SystemOneClient
 from projections.jev import JevError, build_request
 from projections.redaction import email_domain
-from projections.turn import ReplyHistoryScan, TurnPager, parse_message
+from projections.turn import ReplyHistoryScan, TurnPager, message_view
 from schemas.chatwoot import Conversation, Message
 from schemas.config import RouterConfig, Settings
+from schemas.keys import ConversationKey, SweepKey, parse_key
 from schemas.records import (
     AgentsResult,
     Assign,
@@ -117,10 +118,7 @@ async def _page(chatwoot: ChatwootClient, account: int, conversation: int, befor
 
 def _views(page: list[Message], name: str | None, email: str | None) -> list[MessageView]:
     """A page as views, incoming text redacted with the contact's identities."""
-    try:
-        return [parse_message(message.model_dump(), name=name, email=email) for message in page]
-    except ValueError:
-        raise _MalformedPage from None
+    return [message_view(message, name=name, email=email) for message in page]
 
 
 def classify(exc: Exception) -> EffectError:
@@ -278,12 +276,12 @@ class EffectExecutor:
     @staticmethod
     def _unconfirmed(command: EffectCommand, exc: Exception, error: EffectError) -> EffectError:
         """§9.7 step e: whatever went wrong, the reply may exist; the fold hands off and never resends."""
-        account_id, conversation_id = _split_key(command.key)
+        key = _parsed_key(command.key)
         log.warning(
             "reply creation unconfirmed; handing off",
             extra={
-                "account_id": account_id,
-                "conversation_id": conversation_id,
+                "account_id": command.account_id,
+                "conversation_id": key.conversation_id if isinstance(key, ConversationKey) else None,
                 "command_id": command.command_id,
                 "error_type": type(exc).__name__,
                 "error": error.reason,
@@ -382,14 +380,16 @@ class _JevCount:
         self.requests = 0
 
 
-def _split_key(key: str) -> tuple[int | None, int | None]:
-    head, _, tail = key.partition(":")
-    return (int(head) if head.isdigit() else None, int(tail) if tail.isdigit() else None)
+def _parsed_key(key: str) -> ConversationKey | SweepKey | None:
+    try:
+        return parse_key(key)
+    except ValueError:
+        return None
 
 
 def _conversation_of(command: EffectCommand) -> tuple[int, int]:
     """The account and conversation a route command acts on, from its "acct:conv" key."""
-    account, conversation = _split_key(command.key)
-    if account != command.account_id or conversation is None:
+    key = _parsed_key(command.key)
+    if not isinstance(key, ConversationKey) or key.account_id != command.account_id:
         raise _BadCommand(f"{command.op} needs a conversation key")
-    return command.account_id, conversation
+    return key.account_id, key.conversation_id

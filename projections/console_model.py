@@ -29,6 +29,7 @@ from projections.inputs import build_input
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.decision import Decision
+from schemas.keys import run_of_command
 from schemas.records import (
     Assign,
     ConversationEvent,
@@ -341,8 +342,7 @@ class ConversationTimeline:
 
 
 def _run_of(command_id: str) -> int:
-    parts = command_id.split(":")
-    return int(parts[2]) if len(parts) >= 4 and parts[2].isdigit() else 0
+    return run_of_command(command_id) or 0
 
 
 def describe_params(command: EffectCommand) -> str:

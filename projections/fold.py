@@ -33,6 +33,7 @@ from projections.turn import is_confirmed_brand_reply
 from schemas.config import Kind, RouterConfig
 from schemas.configs import ConfigDocument
 from schemas.decision import Decision
+from schemas.keys import ConversationKey, conversation_key, parse_key, route_command_id
 from schemas.records import (
     AgentsResult,
     Assign,
@@ -110,7 +111,10 @@ def fold(
     if offset <= state.offset:
         return FoldResult(state, [], wakeup_of(state), [])
     key = event.key
-    account_id, conversation_id = (int(part) for part in key.split(":"))
+    parsed = parse_key(key)
+    if not isinstance(parsed, ConversationKey):
+        raise ValueError(f"not a conversation key: {key!r}")
+    account_id, conversation_id = parsed.account_id, parsed.conversation_id
     folder = _Folder(state, config, account_id, conversation_id, event.at_ms, offset, retry_base_ms)
     folder.apply(event)
     result = folder.finish()
@@ -153,7 +157,7 @@ class _Folder:
         self.config = config
         self.account = account_id
         self.conversation = conversation_id
-        self.key = f"{account_id}:{conversation_id}"
+        self.key = conversation_key(account_id, conversation_id)
         self.now = now
         self.offset = offset
         self.retry_base_ms = retry_base_ms
@@ -243,7 +247,7 @@ class _Folder:
             at_ms=self.now,
             key=self.key,
             account_id=self.account,
-            command_id=f"{self.key}:{self.r.number}:{step}",
+            command_id=route_command_id(self.key, self.r.number, step),
             params=params,
         )
         self.set_run(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from projections.jev import FIXED_TEXTS
 from projections.redaction import cut_utf16, is_usable
+from schemas.chatwoot import MessageType
 from schemas.config import RouterConfig
 from schemas.records import MessageView
 
@@ -19,7 +20,7 @@ MAX_INPUT_UTF16 = 1600
 def is_customer_message(m: MessageView) -> bool:
     """§6.5: an incoming, public, not deleted, not automatic message from the contact."""
     return (
-        m.message_type == 0
+        m.message_type == MessageType.INCOMING
         and not m.private
         and not m.deleted
         and not m.auto_reply

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from projections.inputs import is_customer_message
+from schemas.chatwoot import MessageType
 from schemas.config import Kind, RouterConfig
 from schemas.decision import Decision
 from schemas.records import ConversationView, MessageView
@@ -15,7 +16,7 @@ WAIT_S = 1800
 def requires_handoff(messages: Sequence[MessageView], bot_id: int) -> bool:
     """§9.2: a person answered publicly, or our own reply failed or was deleted."""
     for m in messages:
-        if m.message_type != 1 or m.private:
+        if m.message_type != MessageType.OUTGOING or m.private:
             continue
         if m.sender_type == "user" and not m.deleted:
             return True

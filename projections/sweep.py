@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from projections.fold import DEADLINE_GRACE_MS, DEFAULT_RETRY_BASE_MS, REQUEST_TIMEOUT_MS, retry_delay
 from schemas.config import RouterConfig
+from schemas.keys import SweepKey, parse_key, sweep_command_id
 from schemas.records import (
     ConversationsPageResult,
     EffectCommand,
@@ -59,9 +60,10 @@ def fold_sweep(
     if offset <= state.offset:
         return SweepFoldResult(state, [], [], sweep_wakeup(state))
     key = event.key
-    account_text, status_text = key.split(":")
-    account = int(account_text)
-    status: SweepStatus = "pending" if status_text == "pending" else "open"
+    parsed = parse_key(key)
+    if not isinstance(parsed, SweepKey):
+        raise ValueError(f"not a sweep key: {key!r}")
+    account, status = parsed.account_id, parsed.status
     now = event.at_ms
     commands: list[EffectCommand] = []
     found: list[SweepFound] = []
@@ -118,7 +120,7 @@ def fold_sweep(
                 at_ms=now,
                 key=key,
                 account_id=account,
-                command_id=f"{key}:{pages}",
+                command_id=sweep_command_id(key, pages),
                 params=ListConversations(status=status, page=cursor or 1),
             )
             deadline = now + REQUEST_TIMEOUT_MS + DEADLINE_GRACE_MS

@@ -11,11 +11,12 @@ so the paging rules are tested without a network and the executor stays a thin l
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from projections.redaction import sanitize
+from schemas.chatwoot import Message, MessageType
 from schemas.records import Boundary, MessageView, TurnResult
 
 PAGE_SIZE = 20  # Chatwoot's MESSAGE_HISTORY_PAGE_SIZE
@@ -53,10 +54,10 @@ class TurnPager:
         batch = sorted(page, key=lambda m: m.id)
         self._pages += 1
         for message in reversed(batch):
-            if message.message_type == 2 and message.deleted:
+            if message.message_type == MessageType.ACTIVITY and message.deleted:
                 self._deleted = True
                 break
-            if message.message_type == 2 and message.activity_type == "conversation_status_changed":
+            if message.message_type == MessageType.ACTIVITY and message.activity_type == "conversation_status_changed":
                 self._boundary = message
                 break
             self._collected.append(message)
@@ -89,7 +90,7 @@ def is_confirmed_brand_reply(message: MessageView | None, bot_id: int) -> bool:
     return (
         message is not None
         and 0 < message.id <= MAX_SAFE_INTEGER
-        and message.message_type == 1
+        and message.message_type == MessageType.OUTGOING
         and message.private is False
         and message.sender_type == "agent_bot"
         and message.sender_id == bot_id
@@ -122,7 +123,7 @@ class ReplyHistoryScan:
             if is_confirmed_brand_reply(message, self._bot_id):
                 self._result = "found"
                 return
-            if message.message_type != 1 or message.private is True:
+            if message.message_type != MessageType.OUTGOING or message.private is True:
                 continue
             if message.sender_type is None or (
                 message.sender_type == "agent_bot"
@@ -148,67 +149,46 @@ class ReplyHistoryScan:
         return self._result
 
 
-# --- reading Chatwoot's message JSON (§10.2 list messages) ---
+# --- a Chatwoot message as the rules read it (§6.5, §10.2 list messages) ---
 
 
-def _obj(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def customer_text(message: Mapping[str, Any]) -> str:
+def customer_text(message: Message) -> str:
     """behavior.md §6.5 steps 1–2, unredacted: subject + "\\n" + body (only null/absent falls through)."""
-    email = _obj(_obj(message.get("content_attributes")).get("email"))
-    subject = _str(email.get("subject")) or ""
-    body = _str(_obj(email.get("text_content")).get("quoted"))
+    attributes = message.content_attributes
+    email = attributes.email if attributes is not None else None
+    subject = (email.subject if email is not None else None) or ""
+    body = None
+    if email is not None:
+        body = email.text_content.quoted if email.text_content is not None else None
+        if body is None and email.html_content is not None:
+            body = email.html_content.quoted
     if body is None:
-        body = _str(_obj(email.get("html_content")).get("quoted"))
-    if body is None:
-        body = _str(message.get("content"))
+        body = message.content
     return subject + "\n" + (body or "")
 
 
-def parse_message(raw: Any, *, name: str | None, email: str | None) -> MessageView:
+def message_view(message: Message, *, name: str | None, email: str | None) -> MessageView:
     """One Chatwoot message as a view; incoming text is redacted here, with the contact's identities.
 
-    A message without a numeric `id` or `message_type` raises ValueError (the whole page is a failure);
-    malformed `content_attributes` count as absent.
+    The `Message` model already failed a page whose message lacks a numeric `id` or `message_type`, and reads
+    malformed `content_attributes` as absent (§10.2).
     """
-    if not isinstance(raw, Mapping):
-        raise ValueError("message is not an object")
-    message_id, message_type = _int(raw.get("id")), _int(raw.get("message_type"))
-    if message_id is None or message_type is None:
-        raise ValueError("message without numeric id or message_type")
-    attrs = _obj(raw.get("content_attributes"))
-    activity = _obj(attrs.get("activity"))
-    sender = _obj(raw.get("sender"))
-    created = raw.get("created_at")
-    private = raw.get("private")
+    attributes = message.content_attributes
+    activity = attributes.activity if attributes is not None else None
+    mail = attributes.email if attributes is not None else None
+    sender = message.sender
     return MessageView(
-        id=message_id,
-        message_type=message_type,
-        private=private if isinstance(private, bool) else None,
-        status=_str(raw.get("status")),
-        created_at=float(created)
-        if isinstance(created, int | float) and not isinstance(created, bool)
-        else None,
-        sender_type=_str(sender.get("type")),
-        sender_id=_int(sender.get("id")),
-        deleted=bool(attrs.get("deleted")),
-        auto_reply=bool(_obj(attrs.get("email")).get("auto_reply")),
-        activity_type=_str(activity.get("type")),
-        activity_status=_str(activity.get("status")),
-        conversation_id=_int(raw.get("conversation_id")),
-        text=sanitize(customer_text(raw), name, email) if message_type == 0 else None,
+        id=message.id,
+        message_type=message.message_type,
+        private=message.private,
+        status=message.status,
+        created_at=message.created_at,
+        sender_type=sender.type if sender is not None else None,
+        sender_id=sender.id if sender is not None else None,
+        deleted=bool(attributes is not None and attributes.deleted),
+        auto_reply=bool(mail is not None and mail.auto_reply),
+        activity_type=activity.type if activity is not None else None,
+        activity_status=activity.status if activity is not None else None,
+        conversation_id=message.conversation_id,
+        text=sanitize(customer_text(message), name, email) if message.message_type == MessageType.INCOMING else None,
     )

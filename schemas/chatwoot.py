@@ -7,6 +7,7 @@ fields that arrive mistyped are read as absent, the way the earlier router's rea
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -74,7 +75,14 @@ class MessageSender(_Model):
     type: Lenient[StrictStr] = None
 
 
-INCOMING, OUTGOING, ACTIVITY, TEMPLATE = 0, 1, 2, 3
+class MessageType(IntEnum):
+    """`message_type` (behavior.md §10.2). Fields stay plain ints: a type Chatwoot adds later must not fail a
+    page; the rules compare against these names."""
+
+    INCOMING = 0
+    OUTGOING = 1
+    ACTIVITY = 2
+    TEMPLATE = 3
 
 
 class Message(_Model):

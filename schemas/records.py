@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.decision import Decision
+from schemas.keys import SweepKey, SweepStatus, conversation_key
 
 
 class Record(BaseModel):
@@ -21,11 +22,6 @@ class Record(BaseModel):
 
     v: int = 1
     at_ms: int = Field(description="event time, epoch milliseconds")
-
-
-def conversation_key(account_id: int, conversation_id: int) -> str:
-    """The partition key shared by every conversation-keyed topic."""
-    return f"{account_id}:{conversation_id}"
 
 
 class Transition(BaseModel):
@@ -55,7 +51,6 @@ class WebhookReceived(Record):
 
 # --- other events on `<app>.conversations` ---
 
-SweepStatus = Literal["pending", "open"]
 
 
 class SweepFound(Record):
@@ -93,7 +88,7 @@ class SweepRequested(Record):
 
     @property
     def key(self) -> str:
-        return f"{self.account_id}:{self.status}"
+        return str(SweepKey(self.account_id, self.status))
 
 
 # --- views: what the rules read from Chatwoot, and nothing more (DESIGN §4 "Privacy of the log") ---

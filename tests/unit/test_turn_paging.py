@@ -9,8 +9,9 @@ from projections.turn import (
     TurnPager,
     customer_text,
     is_confirmed_brand_reply,
-    parse_message,
+    message_view,
 )
+from schemas.chatwoot import Message
 from schemas.records import MessageView
 from tests.unit.test_fold_driver import BOT, activity, incoming, outgoing
 
@@ -136,15 +137,19 @@ def test_reply_history_scan_crosses_turns_and_gives_up_after_five_full_pages() -
         scan.feed(page)
 
 
+def message(**fields: object) -> Message:
+    return Message.model_validate({"id": 1, "message_type": 0, **fields})
+
+
 def test_customer_text_prefers_quoted_bodies_and_keeps_empty_strings() -> None:
-    def email(**e: object) -> dict[str, object]:
-        return {"content": "whole mail", "content_attributes": {"email": e}}
+    def email(**e: object) -> Message:
+        return message(content="whole mail", content_attributes={"email": e})
 
     assert customer_text(email(subject="Hi", text_content={"quoted": "reply"})) == "Hi\nreply"
     assert customer_text(email(html_content={"quoted": "html"})) == "\nhtml"
     assert customer_text(email(text_content={"quoted": ""})) == "\n"
     assert customer_text(email(subject=None)) == "\nwhole mail"
-    assert customer_text({"content": None, "content_attributes": "garbage"}) == "\n"
+    assert customer_text(message(content=None, content_attributes="garbage")) == "\n"
 
 
 def test_parse_message_redacts_incoming_text_with_the_contacts_identities() -> None:
@@ -158,21 +163,27 @@ def test_parse_message_redacts_incoming_text_with_the_contacts_identities() -> N
         "conversation_id": 2,
         "content_attributes": {"email": {"auto_reply": True}},
     }
-    view = parse_message(raw, name="Jane Doe", email="jane@example.com")
+    view = message_view(Message.model_validate(raw), name="Jane Doe", email="jane@example.com")
     assert view.text == "I am [REDACTED], mail [REDACTED]"
     assert view.auto_reply and view.private is None and view.created_at == 1700000000.0
-    out = parse_message({**raw, "message_type": 1}, name=None, email=None)
+    out = message_view(Message.model_validate({**raw, "message_type": 1}), name=None, email=None)
     assert out.text is None
 
 
-def test_parse_message_rejects_a_message_without_numeric_id_or_type() -> None:
+def test_a_message_without_numeric_id_or_type_fails_its_page() -> None:
     with pytest.raises(ValueError):
-        parse_message({"id": "7", "message_type": 0}, name=None, email=None)
+        Message.model_validate({"id": "7", "message_type": 0})
     with pytest.raises(ValueError):
-        parse_message([], name=None, email=None)
-    view = parse_message(
-        {"id": 1, "message_type": 2, "content_attributes": {"activity": "bad", "deleted": True}},
-        name=None,
-        email=None,
+        Message.model_validate([])
+
+
+def test_malformed_content_attributes_are_read_as_absent() -> None:
+    """§10.2: one malformed key makes the whole `content_attributes` absent (as the page reader always did)."""
+    view = message_view(
+        message(message_type=2, content_attributes={"activity": "bad", "deleted": True}), name=None, email=None
     )
-    assert view.deleted and view.activity_type is None
+    assert not view.deleted and view.activity_type is None
+    view = message_view(
+        message(message_type=2, content_attributes={"activity": {"type": "x"}, "deleted": True}), name=None, email=None
+    )
+    assert view.deleted and view.activity_type == "x"
