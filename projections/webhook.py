@@ -10,24 +10,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import math
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    StrictBool,
-    StrictStr,
-    ValidationError,
-    model_validator,
-)
+from pydantic import ValidationError
 
 from schemas.records import Transition, WebhookReceived
+from schemas.webhook import WebhookPayload
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
 """Largest accepted body (exactly 2 MiB is accepted; Decisions 1)."""
@@ -35,7 +27,6 @@ MAX_BODY_BYTES = 2 * 1024 * 1024
 TIMESTAMP_TOLERANCE_S = 300
 """Allowed clock difference between Chatwoot and us, inclusive (§3.3)."""
 
-_MAX_SAFE_INTEGER = 2**53 - 1
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")  # not \d: Python's \d also matches non-ASCII digits
 _SIGNATURE = re.compile(r"sha256=([0-9a-f]{64})", re.IGNORECASE)
 CONVERSATION_EVENTS = frozenset(
@@ -110,80 +101,10 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
     return "sha256=" + mac.hexdigest()
 
 
-# --- payload shape (§3.4, Decisions 3) --------------------------------------------------------------------
+# --- what a payload means (§3.4) -----------------------------------------------------------------------
 
 
-def _positive_id(value: Any) -> int:
-    # JSON has one number type: 7.0 is the integer 7 to the sender (JavaScript), a boolean is not a number.
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError("not a number")
-    if isinstance(value, float) and not value.is_integer():
-        raise ValueError("not an integer")
-    if not 0 < value <= _MAX_SAFE_INTEGER:
-        raise ValueError("not a positive safe integer")
-    return int(value)
-
-
-def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError("not a number")
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond the float range
-        raise ValueError("not a finite number") from None
-    if not math.isfinite(number):
-        raise ValueError("not a finite number")
-    return number
-
-
-PositiveId = Annotated[int, BeforeValidator(_positive_id)]
-Number = Annotated[float, BeforeValidator(_number)]
-
-
-class _Loose(BaseModel):
-    """Extra fields are allowed (and ignored); a `null` optional field counts as absent (Decisions 3)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_absent(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return {key: value for key, value in data.items() if value is not None}
-        return data
-
-
-class _Id(_Loose):
-    id: PositiveId
-
-
-class _Status(_Loose):
-    # Both are required strings in §3.4; a `null` one is treated as absent, which yields no transition.
-    previous_value: StrictStr | None = None
-    current_value: StrictStr | None = None
-
-
-class _Change(_Loose):
-    status: _Status | None = None
-
-
-class _Sender(_Loose):
-    type: StrictStr | None = None
-
-
-class _Payload(_Loose):
-    event: StrictStr
-    account: _Id
-    id: PositiveId | None = None
-    conversation: _Id | None = None
-    message_type: StrictStr | Number | None = None
-    private: StrictBool | None = None
-    updated_at: Number | None = None
-    changed_attributes: list[_Change] | None = None
-    sender: _Sender | None = None
-
-
-def _transition(payload: _Payload) -> Transition | None:
+def _transition(payload: WebhookPayload) -> Transition | None:
     """The status transition of §3.4, from the first `changed_attributes` entry that has a status."""
     if payload.updated_at is None:
         return None
@@ -196,7 +117,7 @@ def _transition(payload: _Payload) -> Transition | None:
     return None
 
 
-def _incoming_from_contact(payload: _Payload) -> bool:
+def _incoming_from_contact(payload: WebhookPayload) -> bool:
     sender_type = payload.sender.type if payload.sender is not None else None
     return (
         payload.message_type in ("incoming", 0)
@@ -208,7 +129,7 @@ def _incoming_from_contact(payload: _Payload) -> bool:
 def extract_target(document: Any) -> Target | None:
     """The target of a relevant event, or None when the event is irrelevant (§3.4)."""
     try:
-        payload = _Payload.model_validate(document)
+        payload = WebhookPayload.model_validate(document)
     except ValidationError:
         return None
     if payload.event in CONVERSATION_EVENTS and payload.id is not None:
