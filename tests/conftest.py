@@ -14,6 +14,17 @@ from pathlib import Path
 
 import pytest
 
+TESTS = Path(__file__).resolve().parent
+DIRECTORY_MARKERS = ("unit", "integration", "e2e")  # tests/<name>/ gets the marker <name> (pyproject.toml)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test by the directory it lives in, so `-m "not e2e"` and the like need nothing in the files."""
+    for item in items:
+        path = item.path.resolve()
+        if path.is_relative_to(TESTS) and path.relative_to(TESTS).parts[0] in DIRECTORY_MARKERS:
+            item.add_marker(path.relative_to(TESTS).parts[0])
+
 
 def _docker_answers() -> bool:
     if not os.environ.get("DOCKER_HOST") and not os.path.exists("/var/run/docker.sock"):

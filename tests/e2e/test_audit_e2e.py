@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
 from tests.e2e.conftest import BILLING, Stack, wait_until
-
-pytestmark = pytest.mark.e2e
 
 
 def test_audit_prints_the_timeline_and_verifies_the_live_state(e2e: Stack) -> None:

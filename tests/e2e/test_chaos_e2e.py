@@ -19,8 +19,6 @@ import pytest
 
 from bench.chaos import Options, run_chaos
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.mark.timeout(480)
 def test_kill_loop_loses_nothing_and_runs_nothing_stale(kafka_bootstrap: str, tmp_path: Path) -> None:

@@ -13,8 +13,6 @@ import pytest
 
 from tests.e2e.conftest import ROOT, Stack, router_config, wait_until
 
-pytestmark = pytest.mark.e2e
-
 SPAM = "Casino spam advertising: unsolicited marketing offers for you"
 
 

@@ -39,7 +39,6 @@ from tests.e2e.conftest import (
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
-    pytest.mark.e2e,
     pytest.mark.browser,
     pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (apt-get install chromium)"),
 ]

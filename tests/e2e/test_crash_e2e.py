@@ -25,8 +25,6 @@ from schemas.state import ConversationState
 from streams.worker.codec import decode_conversation_event
 from tests.e2e.conftest import RETRY_BASE_MS, Stack, bot_messages, read_all, wait_until
 
-pytestmark = pytest.mark.e2e
-
 TEXTS = (
     "I was charged twice on my invoice, please refund the payment",
     "Can I get a sales quote and pricing plans for a discount?",

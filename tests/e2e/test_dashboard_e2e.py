@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from tests.e2e.conftest import Stack
 from tests.unit.test_grafana_dashboard import REQUIRED, dashboard_exprs, exported_names, metric_names
-
-pytestmark = pytest.mark.e2e
 
 
 def test_every_dashboard_metric_is_served_by_the_running_processes(e2e: Stack) -> None:

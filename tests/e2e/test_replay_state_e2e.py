@@ -18,8 +18,6 @@ import pytest
 from streams.kafka_local import free_port
 from tests.e2e.conftest import BILLING, ROOT, Process, Stack, bot_messages, wait_until
 
-pytestmark = pytest.mark.e2e
-
 BILLING_QUESTION = "I was charged twice on my invoice, please refund the payment"
 SPAM = "Casino spam advertising: unsolicited marketing offers for you"
 MUTATIONS = ("toggle_status", "assign", "set_labels", "create_message")

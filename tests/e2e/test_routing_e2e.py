@@ -11,12 +11,9 @@ import re
 import signal
 from typing import Any
 
-import pytest
 from aiokafka import AIOKafkaProducer
 
 from tests.e2e.conftest import BILLING, BOT_TOKENS, INBOX_2, SALES, Stack, bot_messages, read_all, wait_until
-
-pytestmark = pytest.mark.e2e
 
 BILLING_QUESTION = "I was charged twice on my invoice, please refund the payment"
 

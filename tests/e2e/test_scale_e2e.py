@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import signal
 
-import pytest
-
 from streams.kafka_local import free_port
 from tests.e2e.conftest import BILLING, Process, Stack, wait_until
-
-pytestmark = pytest.mark.e2e
 
 QUESTION = "I was charged twice on my invoice, please refund the payment"
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -24,8 +23,6 @@ from handlers.ingress import DEFAULT_PRODUCE_TIMEOUT_S, WEBHOOK_PATH, KafkaWebho
 from projections.webhook import sign
 from schemas.config import Secrets, Settings, parse_config
 from schemas.records import Transition, WebhookReceived
-
-pytestmark = pytest.mark.integration
 
 SECRETS = {1: "whsec-one", 2: "whsec-two"}
 SETTINGS = Settings(

@@ -10,14 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from aiohttp import ClientSession
 
 from projections.webhook import sign
 from tests.conftest import router_env
 from tests.integration.test_ingress import read_topic
-
-pytestmark = pytest.mark.integration
 
 CONFIG = {
     "chatwoot": {"baseUrl": "http://127.0.0.1:3000"},

@@ -29,8 +29,6 @@ from streams.kafka_local import LocalKafka, start_broker
 from tests.conftest import router_env
 from tests.integration.test_ingress import read_topic
 
-pytestmark = pytest.mark.integration
-
 CONFIG = {
     "chatwoot": {"baseUrl": "http://127.0.0.1:3000"},
     "routing": {"botIds": {"3": 30}, "accounts": {"3": {"sales": {"assignee": 8, "covers": "Quotes."}}}},

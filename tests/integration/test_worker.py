@@ -21,8 +21,6 @@ from schemas.records import WebhookReceived
 from streams.kafka_local import free_port
 from tests.conftest import router_env
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {
     # nothing listens here: effects fail fast, which is all these tests need
