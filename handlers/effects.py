@@ -253,6 +253,9 @@ class EffectExecutor:
         error: EffectError | None = None
         try:
             result = await self._dispatch(command, chatwoot, counter, config)
+            made = chatwoot.requests + counter.requests
+            if made > command.params.max_requests:  # the fold budgeted and timed the command by its bound
+                raise _OverBudget(f"{command.op} made {made} requests, declares at most {command.params.max_requests}")
         except Exception as exc:
             error = classify(exc)
             if error.reason is not None and error.reason.startswith("internal error"):
@@ -371,6 +374,10 @@ class EffectExecutor:
         while (request := pager.next_request()) is not None:
             pager.feed(_views(await _page(chatwoot, account, conversation, request.before), name, email))
         return pager.result()
+
+
+class _OverBudget(RuntimeError):
+    """A command made more requests than its definition declares: a bug, reported as an internal error."""
 
 
 class _JevCount:

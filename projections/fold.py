@@ -71,9 +71,6 @@ DEFAULT_RETRY_BASE_MS = 5000
 MAX_RETRY_DELAY_MS = 1_800_000
 REQUEST_TIMEOUT_MS = 60_000  # §4.6: each request may take 60 s
 DEADLINE_GRACE_MS = 30_000
-# the most requests one command may make: the turn read is a conversation read (the contact's identities for
-# redaction) plus up to 5 pages; the reply-history scan pages up to 5 times
-MAX_REQUESTS = {"read_turn": 6, "scan_reply_history": 5}
 
 Event = WebhookReceived | SweepFound | EffectOutcome | TimerFired
 
@@ -238,7 +235,7 @@ class _Folder:
 
     def issue(self, params: CommandParams, phase: Phase) -> None:
         """Emit the run's next command, or defer the run when it could exceed the request budget (§4.6)."""
-        cost = MAX_REQUESTS.get(params.op, 1)
+        cost = params.max_requests
         if self.r.requests + cost > self.config.subrequest_budget:
             self.defer("budget")
             return
@@ -272,7 +269,7 @@ class _Folder:
         # outcome was folded first), that newer command is already on its way and must not be doubled
         if not (overdue or (event.resume and event.due_ms == run.deadline_ms)):
             return
-        cost = MAX_REQUESTS.get(run.pending.params.op, 1)
+        cost = run.pending.params.max_requests
         again = run.pending.model_copy(update={"at_ms": self.now})
         self.set_run(pending=again, deadline_ms=self.now + cost * REQUEST_TIMEOUT_MS + DEADLINE_GRACE_MS)
         self.commands.append(again)

@@ -17,10 +17,9 @@ from typing import Literal
 
 from projections.redaction import sanitize
 from schemas.chatwoot import Message, MessageType
-from schemas.records import Boundary, MessageView, TurnResult
+from schemas.records import MAX_PAGES, Boundary, MessageView, TurnResult
 
 PAGE_SIZE = 20  # Chatwoot's MESSAGE_HISTORY_PAGE_SIZE
-MAX_PAGES = 5
 MAX_SAFE_INTEGER = 2**53 - 1
 
 

@@ -7,7 +7,7 @@ what the rules read: no contact names, no e-mail addresses, no unredacted custom
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -145,8 +145,14 @@ class Boundary(_View):
 # --- effect commands (`<app>.effects`) ---
 
 
+MAX_PAGES = 5  # the composite reads page at most this often (behavior.md §6.1, §9.7 step 1)
+
+
 class _Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_requests: ClassVar[int] = 1
+    """The most HTTP requests executing this command may make: the fold budgets and times it by this (§4.6)."""
 
 
 class GetConversation(_Params):
@@ -159,8 +165,10 @@ class GetInboxBot(_Params):
 
 
 class ReadTurn(_Params):
-    """Composite: the turn read of behavior.md §6.1, up to 5 pages (driven by projections.turn.TurnPager)."""
+    """Composite: the turn read of behavior.md §6.1 (driven by projections.turn.TurnPager): a conversation read
+    (the contact's identities, for redaction) plus up to MAX_PAGES message pages."""
 
+    max_requests: ClassVar[int] = 1 + MAX_PAGES
     op: Literal["read_turn"] = "read_turn"
 
 
@@ -178,8 +186,10 @@ class SetLabels(_Params):
 
 
 class ScanReplyHistory(_Params):
-    """Composite: the reply-history scan of §9.7 step 1 (driven by projections.turn.ReplyHistoryScan)."""
+    """Composite: the reply-history scan of §9.7 step 1 (driven by projections.turn.ReplyHistoryScan), up to
+    MAX_PAGES message pages."""
 
+    max_requests: ClassVar[int] = MAX_PAGES
     op: Literal["scan_reply_history"] = "scan_reply_history"
     bot_id: int
 

@@ -189,6 +189,16 @@ async def test_a_three_page_turn_read_costs_four_requests_and_redacts_the_contac
         assert secret not in text
 
 
+async def test_the_longest_turn_read_makes_exactly_the_requests_its_command_declares(
+    sandbox: Sandbox, executor: EffectExecutor
+) -> None:
+    """The fold budgets and times a turn read by `ReadTurn.max_requests`: a conversation read and 5 pages."""
+    conv = conversation(sandbox, *(f"note {n}" for n in range(130)))  # more than 5 pages of 20
+    outcome = await executor.execute(command(ReadTurn(), conv))
+    assert outcome.error is None and outcome.requests == ReadTurn.max_requests == 6
+    assert isinstance(outcome.result, TurnResult) and not outcome.result.complete
+
+
 async def test_the_turn_read_stops_at_the_status_boundary(sandbox: Sandbox, executor: EffectExecutor) -> None:
     conv = conversation(sandbox, "old question")
     sandbox.human_status(1, conv, 1, "resolved")

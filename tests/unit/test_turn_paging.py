@@ -12,7 +12,7 @@ from projections.turn import (
     message_view,
 )
 from schemas.chatwoot import Message
-from schemas.records import MessageView
+from schemas.records import MessageView, ReadTurn, ScanReplyHistory
 from tests.unit.test_fold_driver import BOT, activity, incoming, outgoing
 
 
@@ -187,3 +187,11 @@ def test_malformed_content_attributes_are_read_as_absent() -> None:
         message(message_type=2, content_attributes={"activity": {"type": "x"}, "deleted": True}), name=None, email=None
     )
     assert view.deleted and view.activity_type == "x"
+
+
+def test_the_composite_reads_stay_within_the_requests_their_commands_declare() -> None:
+    """The fold budgets a command by `max_requests`; the pagers must never ask for more (§4.6)."""
+    endless = [incoming(n, f"m{n}") for n in range(1, 500)]
+    assert 1 + len(play(TurnPager(), endless)) == ReadTurn.max_requests  # + the conversation read
+    outgoing_only = [outgoing(n) for n in range(1, 500)]
+    assert len(play(ReplyHistoryScan(BOT), outgoing_only)) == ScanReplyHistory.max_requests
