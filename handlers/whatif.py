@@ -59,8 +59,9 @@ class AnswerCache:
         return self.directory / f"{digest}.json"
 
     def get(self, digest: str) -> object | None:
+        path = self._path(digest)
         try:
-            stored = json.loads(self._path(digest).read_text(encoding="utf-8"))
+            stored = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         return stored.get("answer") if isinstance(stored, dict) else None
