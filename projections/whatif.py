@@ -225,8 +225,11 @@ class Side:
     def outcome(self) -> str:
         """The outcome class of the matrix."""
         if self.result == "assigned":
-            who = self.owner or "user"
-            return f"assigned to {who} (user {self.assignee_id})"
+            return (
+                f"assigned to {self.owner} (user {self.assignee_id})"
+                if self.owner
+                else f"assigned to user {self.assignee_id}"
+            )
         if self.result == "ended":
             return f"ended {self.status}"
         if self.result == "handed_off":
