@@ -1,8 +1,10 @@
-"""Child processes the demo supervises: start, wait until ready, and stop them all cleanly.
+"""Child processes of this project's own commands: start, wait until ready, stop, kill. The one supervisor of the
+demo, the tests (`tests/support/processes.py`) and the kill-loop test (`bench/chaos.py`).
 
-Each child is one of this project's own commands (`python -m streams.cli …`), its output goes to a log file,
-and readiness is a line it prints (`ready …`) or an HTTP health check. A child that exits early is reported
-with the tail of its log, so the user sees why.
+Each child is one of this project's modules run by the same interpreter (`python -m streams.cli …`), its stdout
+and stderr go to one log file, and readiness is a line it prints (`ready …`) or an HTTP health check. A child
+that exits early is reported with the tail of its log, so the user sees why. Stopping is SIGTERM (or the signal
+given), then SIGKILL once the timeout is up.
 """
 
 from __future__ import annotations
@@ -25,12 +27,53 @@ class ChildFailed(RuntimeError):
     """A child exited or did not become ready; the message names it and quotes its log's tail."""
 
 
-@dataclass
 class Child:
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    _offset: int = field(default=0, repr=False)
+    """One project command as a child process, its output in `log_path`. It can be started again once it stopped.
+
+    `append` keeps the output of earlier starts in the log (else each start truncates it); `new_session` puts the
+    child in a session of its own, so a Ctrl-C reaches only the parent, which stops its children itself.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        log_path: Path,
+        *,
+        cwd: Path | None = None,
+        append: bool = False,
+        new_session: bool = True,
+        module: str = "streams.cli",
+    ) -> None:
+        self.name, self.args, self.env, self.log_path = name, args, env, log_path
+        self.cwd, self.append, self.new_session, self.module = cwd, append, new_session, module
+        self.popen: subprocess.Popen[bytes] | None = None
+        self._log_start = 0  # where this start's output begins in the log
+
+    def start(self) -> None:
+        with self.log_path.open("ab" if self.append else "wb") as log:
+            self._log_start = log.tell()
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", self.module, *self.args],
+                cwd=self.cwd,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=self.new_session,
+            )
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode if self.popen is not None else None
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -40,19 +83,21 @@ class Child:
         return "\n".join(text.strip().splitlines()[-lines:])
 
     def check_alive(self) -> None:
-        if self.process.poll() is not None:
+        if not self.alive():
             raise ChildFailed(
-                f"{self.name} exited with status {self.process.returncode}; its log ({self.log_path}) ends with:\n"
+                f"{self.name} exited with status {self.returncode}; its log ({self.log_path}) ends with:\n"
                 f"{self.log_tail()}"
             )
 
     def wait_for_line(self, pattern: str, timeout_s: float) -> re.Match[str]:
-        """Wait until the child's log has a line matching `pattern`; returns the match."""
+        """Wait until the child has printed a line matching `pattern` since it was started; returns the match."""
         regex = re.compile(pattern)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                text = self.log_path.read_text(encoding="utf-8", errors="replace")
+                with self.log_path.open("rb") as log:
+                    log.seek(self._log_start)
+                    text = log.read().decode("utf-8", errors="replace")
             except OSError:
                 text = ""
             for line in text.splitlines():
@@ -74,15 +119,22 @@ class Child:
             time.sleep(0.25)
         raise ChildFailed(f"{self.name} did not answer {url} within {timeout_s:.0f} s; see {self.log_path}")
 
-    def stop(self, timeout_s: float = 20) -> None:
-        if self.process.poll() is not None:
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20) -> None:
+        """Send `sig` and wait up to `timeout_s` for the child to exit, then SIGKILL it."""
+        if self.popen is None or self.popen.poll() is not None:
             return
-        self.process.send_signal(signal.SIGTERM)
+        self.popen.send_signal(sig)
         try:
-            self.process.wait(timeout_s)
+            self.popen.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            self.popen.kill()
+            self.popen.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the child and reap it."""
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
 
 
 @dataclass
@@ -94,17 +146,8 @@ class Supervisor:
     children: list[Child] = field(default_factory=list)
 
     def start(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> Child:
-        log_path = self.log_dir / f"{name}.log"
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "streams.cli", *args],
-                env={**self.env, **(extra_env or {})},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C reaches the demo only; it stops the children itself
-            )
-        child = Child(name, process, log_path)
+        child = Child(name, args, {**self.env, **(extra_env or {})}, self.log_dir / f"{name}.log")
+        child.start()
         self.children.append(child)
         return child
 
@@ -114,6 +157,6 @@ class Supervisor:
 
     def stop_all(self, on_stop: Callable[[str], None] | None = None) -> None:
         for child in reversed(self.children):
-            if on_stop is not None and child.process.poll() is None:
+            if on_stop is not None and child.alive():
                 on_stop(child.name)
             child.stop()
