@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from handlers.http_client import new_http_client
 from schemas.chatwoot import (
     Agent,
     CannedResponse,
@@ -104,7 +105,7 @@ class ChatwootClient:
         self._base = base_url.rstrip("/")
         self._user_token = user_token
         self._bot_tokens = dict(bot_tokens)
-        self._http = http or httpx.AsyncClient(transport=transport, follow_redirects=False)
+        self._http = http or new_http_client(transport)
         self._owns_http = http is None
         self._timeout_s = timeout_s
         self.requests = 0

@@ -30,6 +30,7 @@ from handlers.chatwoot import (
     ChatwootTimeout,
     ConversationMissing,
 )
+from handlers.http_client import new_http_client
 from handlers.systemone import JevHTTPError, JevTimeout, SystemOneClient
 from projections.jev import JevError, build_request
 from projections.redaction import email_domain
@@ -148,9 +149,9 @@ def classify(exc: Exception) -> EffectError:
 class EffectExecutor:
     """Carries out effect commands against Chatwoot and System One.
 
-    Clients may be injected (tests, shared pools); otherwise both share one `httpx.AsyncClient` that never
-    follows redirects. `timeout_s` is the per-request limit (60 s in production; tests shorten it). `now_ms`
-    stamps outcomes and is read for nothing else.
+    Clients may be injected (tests, shared pools); otherwise both share one `httpx.AsyncClient` over aiohttp
+    (handlers/http_client.py) that never follows redirects. `timeout_s` is the per-request limit (60 s in
+    production; tests shorten it). `now_ms` stamps outcomes and is read for nothing else.
     """
 
     def __init__(
@@ -168,7 +169,7 @@ class EffectExecutor:
         self._now_ms = now_ms
         self._owned_http: httpx.AsyncClient | None = None
         if http is None and (chatwoot is None or systemone is None):
-            http = self._owned_http = httpx.AsyncClient(follow_redirects=False)
+            http = self._owned_http = new_http_client()
         secrets = settings.secrets
         self._chatwoot = chatwoot or ChatwootClient(
             self._config.chatwoot.api_base,

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from handlers.http_client import new_http_client
 from projections.jev import (
     Decision,
     JevError,
@@ -54,7 +55,7 @@ class SystemOneClient:
     ) -> None:
         self._endpoint = endpoint
         self._api_key = api_key
-        self._http = http or httpx.AsyncClient(transport=transport, follow_redirects=False)
+        self._http = http or new_http_client(transport)
         self._owns_http = http is None
         self._timeout_s = timeout_s
         self.requests = 0
