@@ -12,10 +12,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+
+from handlers.worker_ports import SourceRecord
 
 log = logging.getLogger("chatwoot_router.worker")
 
@@ -25,22 +26,6 @@ READ_TIMEOUT_S = 30.0
 
 class RangeNotRead(Exception):
     """The missing records could not be read in time (broker unreachable, say)."""
-
-
-@dataclass(frozen=True)
-class FetchedMessage:
-    topic: str
-    partition: int
-    offset: int
-
-
-@dataclass(frozen=True)
-class FetchedRecord:
-    """A record read by the reader, shaped like the part of a Faust event the agents use."""
-
-    key: bytes | None
-    value: bytes | None
-    message: FetchedMessage
 
 
 class PartitionReader:
@@ -99,10 +84,10 @@ class PartitionReader:
             points[(tp.topic, tp.partition)] = max(offset, starts.get(tp, 0))
         return points
 
-    async def read_range(self, topic: str, partition: int, start: int, end: int) -> list[FetchedRecord]:
+    async def read_range(self, topic: str, partition: int, start: int, end: int) -> list[SourceRecord]:
         """The records with `start <= offset < end`, in order (fewer at the head if retention removed some)."""
         tp = TopicPartition(topic, partition)
-        records: list[FetchedRecord] = []
+        records: list[SourceRecord] = []
         deadline = time.monotonic() + READ_TIMEOUT_S
         async with self._lock:
             consumer, _ = await self._clients()
@@ -118,8 +103,7 @@ class PartitionReader:
                         done = True
                         break
                     if record.offset >= start:
-                        message = FetchedMessage(topic, partition, record.offset)
-                        records.append(FetchedRecord(record.key, record.value, message))
+                        records.append(SourceRecord(topic, partition, record.offset, record.key, record.value))
                     if record.offset == end - 1:
                         done = True
                 if done:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from projections.fold import DEADLINE_GRACE_MS, DEFAULT_RETRY_BASE_MS, REQUEST_TIMEOUT_MS, retry_delay
+from projections.jobs import DEFAULT_RETRY_BASE_MS, backed_off, command_deadline, due_again, merged, retry_delay
 from schemas.config import RouterConfig
 from schemas.keys import SweepKey, parse_key, sweep_command_id
 from schemas.records import (
@@ -77,26 +77,17 @@ def fold_sweep(
     running = state.running_version
 
     if isinstance(event, SweepRequested):
-        if job is None:
-            job = SweepJob(not_before=now, created_at=now)
-        else:
-            not_before = job.not_before if job.attempts > 0 else min(job.not_before, now)
-            job = job.model_copy(update={"version": job.version + 1, "not_before": not_before})
+        job = SweepJob(not_before=now, created_at=now) if job is None else merged(job, now)
     elif isinstance(event, EffectOutcome):
         if pending is not None and event.command_id == pending.command_id and job is not None:
             pending, deadline = None, None
             result = event.result
             if event.error is not None or not isinstance(result, ConversationsPageResult):
-                job = job.model_copy(
-                    update={
-                        "attempts": job.attempts + 1,
-                        "not_before": now + retry_delay(job.attempts, retry_base_ms),
-                    }
-                )
+                job = backed_off(job, now, retry_delay(job.attempts, retry_base_ms))
             elif not result.rows:
                 cursor = None  # an empty page ends the pass; a request merged meanwhile starts a new one
-                merged = job.version != running
-                job = job.model_copy(update={"attempts": 0, "not_before": now}) if merged else None
+                merged_meanwhile = job.version != running
+                job = due_again(job, now) if merged_meanwhile else None
             else:
                 bot_id = config.routing.bot_ids.get(account)
                 if bot_id is not None:
@@ -105,10 +96,10 @@ def fold_sweep(
                         for row in select_rows(result.rows, status, bot_id)
                     ]
                 cursor = (cursor or 1) + 1
-                job = job.model_copy(update={"attempts": 0, "not_before": now})
+                job = due_again(job, now)
     elif pending is not None and deadline is not None and now >= deadline:
         pending = pending.model_copy(update={"at_ms": now})  # overdue: the same page, the same id
-        deadline = now + REQUEST_TIMEOUT_MS + DEADLINE_GRACE_MS
+        deadline = command_deadline(now, ListConversations.max_requests)
         commands.append(pending)
 
     if pending is None and job is not None and job.not_before <= now:
@@ -123,7 +114,7 @@ def fold_sweep(
                 command_id=sweep_command_id(key, pages),
                 params=ListConversations(status=status, page=cursor or 1),
             )
-            deadline = now + REQUEST_TIMEOUT_MS + DEADLINE_GRACE_MS
+            deadline = command_deadline(now, ListConversations.max_requests)
             running = job.version
             commands.append(pending)
 

@@ -1,0 +1,410 @@
+"""The worker's record pipeline, behind small interfaces so that it needs no broker (docs/architecture.md).
+
+`streams/worker/app.py` is the Faust wiring; each of its agents hands every record to `WorkerService.on_record`:
+
+- **In order** (DESIGN §6 "No record skipped"): a record already folded is skipped; one past the expected
+  offset makes the service read the missing records (`GapReader`) and fold them first.
+- **Guarded**: a record that cannot be decoded or handled goes to the DLQ with its error; it never stalls the
+  partition.
+- **Folds** (`router`, `sweeper`): one routine for both, `fold_record`: fold the record into the key's stored
+  state (`projections.steps`), write the state if it changed (and re-write it for a redelivered record), flush
+  before a `create_message` is sent (its ledger entry must be durable first), send the commands and what a sweep
+  page found, set the key's timer, report turn outcomes. A `ConfigApplied` marker switches the partition's
+  configuration version instead.
+- **Effects**: a command runs only while its run awaits that very copy and, unless it is a read, only if no
+  execution of it started before (`projections.admission`; the attempt is flushed before the call); a
+  redelivered reply is reported `unconfirmed`, never sent again. Outcomes go back to the key's topic.
+- **Timers** (`handlers.worker_timers`): `fire_due_timers` emits `TimerFired` for what is due and resumes runs
+  whose awaited command was issued by another process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka.errors import KafkaError
+
+from handlers.lanes import Lanes
+from handlers.partition_reader import RangeNotRead
+from handlers.worker_metrics import WorkerMetrics
+from handlers.worker_ports import TP, Executor, GapReader, Sink, SourceRecord, Table
+from handlers.worker_timers import Timers
+from projections.admission import Attempt, admit, needs_attempt_record
+from projections.offsets import OffsetTracker
+from projections.steps import Step, conversation_step, sweep_step
+from schemas.codec import (
+    Undecodable,
+    check_key,
+    decode_command,
+    decode_conversation_event,
+    decode_marker,
+    decode_sweep_event,
+    dlq_headers,
+    encode,
+)
+from schemas.config import RouterConfig
+from schemas.configs import ConfigBook, ConfigDocument
+from schemas.keys import SWEEP_STATUSES, is_conversation_key, partition_slot
+from schemas.records import (
+    ConfigApplied,
+    EffectCommand,
+    EffectError,
+    EffectOutcome,
+    Record,
+    SweepRequested,
+    TimerFired,
+    TurnOutcome,
+)
+
+log = logging.getLogger("chatwoot_router.worker")
+
+Handler = Callable[[SourceRecord], Awaitable[None]]
+BookLoader = Callable[[], Awaitable[ConfigBook]]
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class WorkerTables:
+    """The worker's tables (DESIGN §5; `streams/worker/app.py` says what each holds)."""
+
+    states: Table
+    sweep_states: Table
+    timers: Table
+    effect_attempts: Table
+    partition_configs: Table
+
+
+class WorkerService:
+    """What one worker process does with the records of the partitions it owns."""
+
+    def __init__(
+        self,
+        *,
+        tables: WorkerTables,
+        sink: Sink,
+        executor: Executor,
+        book: ConfigBook,
+        own_document: ConfigDocument,
+        load_book: BookLoader,
+        reader: GapReader,
+        lanes: Lanes | None = None,
+        metrics: WorkerMetrics | None = None,
+        now_ms: Callable[[], int] = wall_clock_ms,
+        instance_id: str | None = None,
+    ) -> None:
+        self.tables = tables
+        self.sink = sink
+        self.executor = executor
+        self.book = book
+        self.own_document = own_document
+        self.load_book = load_book
+        self.reader = reader
+        self.lanes = lanes or Lanes()
+        self.metrics = metrics or WorkerMetrics()
+        self.now_ms = now_ms
+        # tells this process's commands from those of a dead or departed one
+        self.instance_id = instance_id or uuid.uuid4().hex
+        self.timers = Timers(tables.timers, self.instance_id)
+        self.offsets = OffsetTracker()
+        self._handlers: dict[str, Handler] = {
+            "router": self.on_conversation_record,
+            "effects": self.dispatch_command,
+            "sweeper": self.on_sweep_record,
+        }
+
+    # --- every record: in order, guarded --------------------------------------------------------------------
+
+    async def on_record(self, agent: str, record: SourceRecord) -> None:
+        """The whole of an agent's work for one record of its topic."""
+        await self.in_order(agent, record, self._handlers[agent])
+
+    async def in_order(self, agent: str, record: SourceRecord, handler: Handler) -> None:
+        """Handle `record` exactly once and in offset order: skip what was handled, read and handle a gap first."""
+        verdict, expected = self.offsets.check(record.tp, record.offset)
+        if verdict == "duplicate":
+            self.metrics.records_skipped.labels(record.topic).inc()
+            return
+        if verdict == "gap" and expected is not None:
+            await self._fill_gap(agent, record.tp, expected, record.offset, handler)
+        await self.guarded(agent, record, handler)
+        self.offsets.advance(record.tp, record.offset)
+
+    async def _fill_gap(self, agent: str, tp: TP, start: int, end: int, handler: Handler) -> None:
+        """Read offsets start..end-1 of `tp` past the consumer and handle them in order (never ignored)."""
+        topic, partition = tp
+        log.warning(
+            "offset gap: reading the skipped records",
+            extra={"topic": topic, "partition": partition, "expected": start, "offset": end},
+        )
+        self.metrics.offset_gaps.labels(topic).inc()
+        attempt = 0
+        while True:  # never fold past a gap: the agent waits until the broker lets it read the records
+            try:
+                records = await self.reader.read_range(topic, partition, start, end)
+                break
+            except (RangeNotRead, KafkaError, OSError) as exc:
+                attempt += 1
+                log.error(
+                    "offset gap not read yet",
+                    extra={
+                        "topic": topic,
+                        "partition": partition,
+                        "attempt": attempt,
+                        "error_type": type(exc).__name__,
+                    },
+                )
+                await asyncio.sleep(min(0.5 * 2**attempt, 5.0))
+        for record in records:
+            await self.guarded(agent, record, handler)
+            self.offsets.advance(tp, record.offset)
+            self.metrics.gap_records.labels(topic).inc()
+
+    async def guarded(self, agent: str, record: SourceRecord, handler: Handler) -> None:
+        """Run one record's handler; anything that escapes sends the record to the DLQ (never stalls)."""
+        started = time.monotonic()
+        try:
+            await handler(record)
+            self.metrics.handle_seconds.labels(agent).observe(time.monotonic() - started)
+        except Undecodable as exc:
+            await self.to_dlq(record, str(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.metrics.agent_errors.labels(agent).inc()
+            log.error(
+                "record could not be processed",
+                extra={
+                    "agent": agent,
+                    "topic": record.topic,
+                    "partition": record.partition,
+                    "offset": record.offset,
+                    "error_type": type(exc).__name__,
+                },
+            )
+            await self.to_dlq(record, f"{type(exc).__name__}: processing failed")
+
+    async def to_dlq(self, record: SourceRecord, error: str) -> None:
+        self.metrics.dlq.labels(record.topic).inc()
+        log.warning(
+            "record sent to the DLQ",
+            extra={"topic": record.topic, "partition": record.partition, "offset": record.offset, "reason": error},
+        )
+        key = record.key.decode(errors="replace") if record.key is not None else ""
+        headers = dlq_headers(error, record.topic, record.partition, record.offset)
+        await self.sink.send("dlq", key, record.value if record.value is not None else b"", headers)
+
+    # --- configuration versions (DESIGN §8) ------------------------------------------------------------------
+
+    def document_in_force(self, source: str, partition: int) -> ConfigDocument:
+        """The configuration partition `partition` of `source` ("conversations" or "sweeps") is folded under."""
+        version = self.tables.partition_configs.get(partition_slot(source, partition))
+        return self.book.in_force(version) or self.own_document
+
+    def latest_document(self) -> ConfigDocument:
+        return self.book.latest or self.own_document
+
+    async def switch_config(self, source: str, partition: int, marker: ConfigApplied) -> None:
+        """Fold a `ConfigApplied` marker: from the next record on, the partition uses its version."""
+        if marker.version not in self.book:
+            for document in (await self.load_book()).documents():
+                self.book.add(document)
+        if marker.version not in self.book:
+            raise Undecodable(f"configuration version {marker.version} is not on the configs topic")
+        self.tables.partition_configs.set(partition_slot(source, partition), marker.version)
+        self.metrics.config_switches.inc()
+        log.info(
+            "configuration version in force", extra={"topic": source, "partition": partition, "version": marker.version}
+        )
+
+    # --- the folds ---------------------------------------------------------------------------------------------
+
+    async def on_conversation_record(self, record: SourceRecord) -> None:
+        states = self.tables.states
+        await self.fold_record("conversations", record, states, decode_conversation_event, conversation_step)
+
+    async def on_sweep_record(self, record: SourceRecord) -> None:
+        await self.fold_record("sweeps", record, self.tables.sweep_states, decode_sweep_event, sweep_step)
+
+    async def fold_record(
+        self,
+        source: str,
+        record: SourceRecord,
+        table: Table,
+        decode: Callable[[bytes | None], Any],
+        step_of: Callable[[Any, Any, ConfigDocument, int], Step],
+    ) -> None:
+        """Fold a record, persist the state, send what it issued, set the key's timer (both folds)."""
+        marker = decode_marker(record.value)
+        if marker is not None:
+            await self.switch_config(source, record.partition, marker)
+            return
+        event = decode(record.value)
+        check_key(record.key, event.key)
+        key = event.key
+        stored = table.get(key)
+        step = step_of(stored, event, self.document_in_force(source, record.partition), record.offset)
+        # A redelivered record (already applied) re-writes the state it finds: after a SIGKILL the local store can
+        # hold a value whose changelog record never left, and the changelog must get it before the offset moves
+        # past this record (docs/consumer-gaps.md §2).
+        redelivered = not step.changed and stored is not None
+        if step.changed:
+            table.set(key, step.state.model_dump(mode="json"))
+            self.metrics.events_folded.labels(source, event.type).inc()
+        elif redelivered:
+            table.set(key, stored)
+        if any(command.op == "create_message" for command in step.commands):
+            await self.sink.flush()  # the ledger entry is durable before the reply may be sent
+        await self.send_commands(step.commands)
+        for found in step.found:
+            await self.send("conversations", found.key, found)
+        self.timers.set(
+            record.partition,
+            key,
+            step.wakeup_ms,
+            waiting=step.waiting,
+            issued=bool(step.commands),
+            rewrite=redelivered,
+        )
+        for outcome in step.outcomes:
+            report_turn(self.metrics, outcome)
+
+    async def send_commands(self, commands: list[EffectCommand]) -> None:
+        for command in commands:
+            await self.send("effects", command.key, command)
+            self.metrics.commands.labels(command.op).inc()
+
+    async def send(self, topic: str, key: str, record: Record) -> None:
+        await self.sink.send(topic, key, encode(record))
+
+    # --- effects -----------------------------------------------------------------------------------------------
+
+    def awaited_command(self, key: str) -> EffectCommand | None:
+        """The command the key's run (or sweep page) waits for now, as the fold recorded it."""
+        conversation = is_conversation_key(key)
+        stored = (self.tables.states if conversation else self.tables.sweep_states).get(key)
+        if not isinstance(stored, dict):
+            return None
+        holder = stored.get("run") if conversation else stored
+        pending = holder.get("pending") if isinstance(holder, dict) else None
+        return EffectCommand.model_validate(pending) if pending is not None else None
+
+    async def dispatch_command(self, record: SourceRecord) -> None:
+        """Hand a command to its lane only while its run awaits it and no execution of it started (DESIGN §6)."""
+        command = decode_command(record.value)
+        check_key(record.key, command.key)
+        stored = self.tables.effect_attempts.get(command.key)
+        attempted = Attempt.model_validate(stored) if isinstance(stored, dict) else None
+        verdict = admit(command, self.awaited_command(command.key), attempted)
+        if verdict != "execute":
+            self.metrics.commands_dropped.labels(command.op, verdict).inc()
+            log.info(
+                "command not executed", extra={"command_id": command.command_id, "op": command.op, "reason": verdict}
+            )
+            if verdict == "redelivered" and command.op == "create_message":
+                # the POST may have happened, so it is never made twice (§9.7); the run checks history
+                await self.lanes.submit(command.key, command.account_id, lambda: self.report_unconfirmed(command))
+            return
+        if needs_attempt_record(command):
+            self.tables.effect_attempts.set(command.key, Attempt.of(command, self.instance_id).model_dump(mode="json"))
+            await self.sink.flush()  # the attempt is durable before the call can happen
+        config = self.document_in_force("conversations", record.partition).config
+        await self.lanes.submit(command.key, command.account_id, lambda: self.execute(command, config))
+
+    async def report_unconfirmed(self, command: EffectCommand) -> None:
+        """The outcome of a reply whose earlier attempt's result is unknown: the fold checks history or hands off."""
+        log.warning("reply attempt redelivered; not sent again", extra={"key": command.key})
+        error = EffectError(kind="unconfirmed", reason="redelivered after a restart; not sent again")
+        outcome = EffectOutcome(
+            key=command.key,
+            account_id=command.account_id,
+            command_id=command.command_id,
+            op=command.op,
+            error=error,
+            at_ms=self.now_ms(),
+        )
+        self.metrics.count_outcome(outcome, 0.0)
+        await self.send("conversations", command.key, outcome)
+
+    async def execute(self, command: EffectCommand, config: RouterConfig | None = None) -> None:
+        """Run one command in its lane and record its outcome as an event on the command's key."""
+        started = time.monotonic()
+        outcome = await self.executor.execute(command, config)
+        self.metrics.count_outcome(outcome, time.monotonic() - started)
+        topic = "sweeps" if command.op == "list_conversations" else "conversations"
+        await self.send(topic, command.key, outcome)
+
+    async def drain_effects(self, timeout_s: float, why: str) -> None:
+        """Let running effects finish (bounded), so their outcomes reach Kafka before partitions move or stop."""
+        if not self.lanes.pending:
+            return
+        try:
+            await asyncio.wait_for(self.lanes.drain(), timeout_s)
+        except TimeoutError:
+            log.warning(f"effects still running {why}", extra={"pending": self.lanes.pending})
+
+    # --- timers and sweeps ------------------------------------------------------------------------------------
+
+    async def fire_due_timers(self, owned: frozenset[int], generation: int | None) -> None:
+        """Emit `TimerFired` for what is due in the owned partitions, and resume runs another process left."""
+        resume = self.timers.refresh(owned, generation)
+        now = self.now_ms()
+        for key, due_ms in resume:
+            await self.send("conversations", key, TimerFired(key=key, due_ms=due_ms, at_ms=now, resume=True))
+            self.metrics.runs_resumed.inc()
+        for key, due_ms in self.timers.pop_due(now, owned):
+            conversation = is_conversation_key(key)
+            source = "conversations" if conversation else "sweeps"
+            await self.send(source, key, TimerFired(key=key, due_ms=due_ms, at_ms=now))
+            self.metrics.timers_fired.labels(source).inc()
+
+    def sweep_requests(self, account: int | None = None) -> list[SweepRequested]:
+        now = self.now_ms()
+        accounts = [account] if account is not None else sorted(self.latest_document().config.routing.accounts)
+        return [SweepRequested(account_id=a, status=s, at_ms=now) for a in accounts for s in SWEEP_STATUSES]
+
+    async def request_sweeps(self) -> None:
+        """A pass per routed account and status (the leader asks every ROUTER_SWEEP_INTERVAL_S)."""
+        for request in self.sweep_requests():
+            await self.send("sweeps", request.key, request)
+            self.metrics.sweeps_requested.inc()
+        log.info("sweep requested", extra={"accounts": len(self.latest_document().config.routing.accounts)})
+
+
+def report_turn(metrics: WorkerMetrics, outcome: TurnOutcome) -> None:
+    """One log line per turn outcome (ids and classes only, behavior.md §11) and its metrics."""
+    metrics.count_turn(outcome)
+    if outcome.result == "retry":
+        failures = outcome.failures or 0
+        log.log(
+            logging.ERROR if failures >= 3 else logging.WARNING,
+            "job failed; will retry",
+            extra={
+                "job": f"route:{outcome.key}",
+                "attempts": failures,
+                "delayMs": outcome.delay_ms,
+                "reason": outcome.reason,
+            },
+        )
+    elif outcome.result == "dropped":
+        log.info("conversation deleted; job dropped", extra={"job": f"route:{outcome.key}"})
+    else:
+        fields = {
+            "key": outcome.key,
+            "run": outcome.run,
+            "result": outcome.result,
+            "reason": outcome.reason,
+            "status": outcome.status,
+            "assignee_id": outcome.assignee_id,
+            "labeled": outcome.labeled,
+            "replied": outcome.replied,
+        }
+        log.info(f"turn {outcome.result}", extra=fields)

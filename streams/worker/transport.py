@@ -1,0 +1,48 @@
+"""The worker's Kafka transport: Faust's aiokafka transport with a short fetch long-poll.
+
+faust-streaming creates its worker consumer with `fetch_max_wait_ms=1500`. aiokafka leaves a partition whose
+fetched records are not yet consumed out of the next fetch request, so under load a record produced to such a
+partition can wait for a long-poll on the *other* partitions to time out: each hop of the route procedure
+(command -> outcome -> next command) then took about a second (bench/worker_bench.py, docs/benchmarks.md). A
+short long-poll bounds that wait; the cost is more (empty) fetch requests while idle.
+
+Faust picks a transport by the broker URL's scheme from its `faust.transports` entry points; this package
+registers `router-kafka` (pyproject.toml), and the worker's broker URLs use it. Nothing in Faust is patched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import aiokafka
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+SCHEME = "router-kafka"
+FETCH_MAX_WAIT_MS = 50
+
+
+class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust's consumer thread, whose worker consumer long-polls for at most FETCH_MAX_WAIT_MS."""
+
+    fetch_max_wait_ms: ClassVar[int] = FETCH_MAX_WAIT_MS
+
+    def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
+        consumer = super()._create_worker_consumer(transport)
+        if not hasattr(consumer, "_fetch_max_wait_ms"):
+            raise RuntimeError("aiokafka consumer has no _fetch_max_wait_ms: revisit streams/worker/transport.py")
+        consumer._fetch_max_wait_ms = self.fetch_max_wait_ms  # read by its fetcher when it starts
+        return consumer
+
+
+class Consumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class Transport(faust_aiokafka.Transport):
+    Consumer = Consumer
+
+
+def broker_urls(bootstrap: str) -> list[str]:
+    """Faust broker URLs for a bootstrap list ("host:port,host:port") on this transport."""
+    return [f"{SCHEME}://{host.strip()}" for host in bootstrap.split(",") if host.strip()]

@@ -1,0 +1,246 @@
+"""The worker service in-process (no broker): its crash-safety behaviour, told as stories.
+
+`Bus` plays Kafka: every record the service sends is appended to its topic's partition 0 log with the next
+offset and delivered back to the agent that reads that topic, until nothing moves. The tables are
+`MemoryTable`s shared between "processes", as changelog-backed tables survive a crash; a second
+`WorkerService` on the same tables is the process that restarted or took the partition over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from handlers.lanes import Lanes
+from handlers.worker_ports import MemorySink, MemoryTable, SourceRecord
+from handlers.worker_service import WorkerService, WorkerTables
+from schemas.codec import decode_command
+from schemas.config import RouterConfig
+from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
+from schemas.records import EffectCommand, EffectOutcome, TimerFired, WebhookReceived
+from schemas.state import ConversationState, TimerEntry
+from tests.unit.test_fold_driver import ACCOUNT, CONV, T0, FakeChatwoot, decision, incoming, make_config
+
+KEY = f"{ACCOUNT}:{CONV}"
+AGENT_OF = {"conversations": "router", "effects": "effects", "sweeps": "sweeper"}
+
+
+class FakeExecutor:
+    """Runs commands against a `FakeChatwoot`, as `handlers.effects.EffectExecutor` does against HTTP."""
+
+    def __init__(self, chatwoot: FakeChatwoot) -> None:
+        self.chatwoot = chatwoot
+
+    async def execute(self, command: EffectCommand, config: RouterConfig | None = None) -> EffectOutcome:
+        result, error, requests = self.chatwoot.execute(command)
+        return EffectOutcome(
+            at_ms=T0,
+            key=command.key,
+            account_id=command.account_id,
+            command_id=command.command_id,
+            op=command.op,
+            result=result,
+            error=error,
+            requests=requests,
+        )
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass
+class Bus:
+    """Topic logs (partition 0 only) and the delivery of what the service sends."""
+
+    logs: dict[str, list[SourceRecord]] = field(default_factory=dict)
+    delivered: dict[str, int] = field(default_factory=dict)
+
+    def append(self, topic: str, key: str, value: bytes) -> SourceRecord:
+        log = self.logs.setdefault(topic, [])
+        record = SourceRecord(topic, 0, len(log), key.encode(), value)
+        log.append(record)
+        return record
+
+    def collect(self, sink: MemorySink) -> None:
+        for sent in sink.sent:
+            self.append(sent.topic, sent.key, sent.value)
+        sink.sent.clear()
+
+    def records(self, topic: str) -> list[SourceRecord]:
+        return self.logs.get(topic, [])
+
+
+def new_tables() -> WorkerTables:
+    return WorkerTables(MemoryTable(), MemoryTable(), MemoryTable(), MemoryTable(), MemoryTable())
+
+
+def new_service(tables: WorkerTables, chatwoot: FakeChatwoot, config: RouterConfig | None = None) -> WorkerService:
+    document = ConfigDocument.of(config or make_config(), FoldSettings(retry_base_ms=1000))
+
+    async def no_book() -> ConfigBook:
+        return ConfigBook()
+
+    class NoGaps:
+        async def read_range(self, topic: str, partition: int, start: int, end: int) -> list[SourceRecord]:
+            raise AssertionError("no gap expected")
+
+    return WorkerService(
+        tables=tables,
+        sink=MemorySink(),
+        executor=FakeExecutor(chatwoot),
+        book=ConfigBook([document]),
+        own_document=document,
+        load_book=no_book,
+        reader=NoGaps(),
+        lanes=Lanes(),
+        now_ms=lambda: T0,
+    )
+
+
+async def deliver(service: WorkerService, bus: Bus, record: SourceRecord) -> None:
+    await service.on_record(AGENT_OF[record.topic], record)
+    await service.lanes.drain()
+    assert isinstance(service.sink, MemorySink)
+    bus.collect(service.sink)
+
+
+async def run_until_quiet(service: WorkerService, bus: Bus, stop_before: str | None = None) -> None:
+    """Deliver every record not yet delivered, in log order per topic, until nothing new is sent.
+
+    With `stop_before`, stop when the next effect command to deliver has that op (it stays undelivered).
+    """
+    for _ in range(500):
+        moved = False
+        for topic in ("conversations", "effects", "sweeps"):
+            records = bus.records(topic)
+            position = bus.delivered.get(topic, 0)
+            if position >= len(records):
+                continue
+            record = records[position]
+            if stop_before is not None and topic == "effects" and decode_command(record.value).op == stop_before:
+                return
+            bus.delivered[topic] = position + 1
+            await deliver(service, bus, record)
+            moved = True
+        if not moved:
+            return
+    raise AssertionError("the service did not settle")
+
+
+def webhook(bus: Bus) -> SourceRecord:
+    event = WebhookReceived(at_ms=T0, account_id=ACCOUNT, conversation_id=CONV, event="message_created")
+    return bus.append("conversations", KEY, event.model_dump_json().encode())
+
+
+def state(tables: WorkerTables) -> ConversationState:
+    return ConversationState.model_validate(tables.states.get(KEY))
+
+
+async def test_a_webhook_is_routed_to_its_owner_through_the_service() -> None:
+    chatwoot = FakeChatwoot(messages=[incoming(1, "I was charged twice")])
+    tables, bus = new_tables(), Bus()
+    service = new_service(tables, chatwoot)
+    webhook(bus)
+    await run_until_quiet(service, bus)
+    assert chatwoot.ops()[-1] == "assign" and chatwoot.conversation.assignee_id == 7
+    assert state(tables).run is None and state(tables).job is None
+    assert tables.timers.get(KEY) is None  # nothing due any more
+
+
+async def test_a_reply_command_delivered_again_after_a_restart_is_never_sent_twice() -> None:
+    chatwoot = FakeChatwoot(messages=[incoming(1, "refund please")], decision=decision(kind="refund"))
+    tables, bus = new_tables(), Bus()
+    first = new_service(tables, chatwoot)
+    webhook(bus)
+    await run_until_quiet(first, bus, stop_before="create_message")
+    reply = bus.records("effects")[bus.delivered["effects"]]
+    await deliver(first, bus, reply)  # the reply is sent, then the process dies before its offset is committed
+    assert chatwoot.ops().count("create_message") == 1
+    assert isinstance(first.sink, MemorySink)
+
+    restarted = new_service(tables, chatwoot)  # same tables (changelogs), a new process id
+    await deliver(restarted, bus, reply)
+    assert chatwoot.ops().count("create_message") == 1  # not sent again
+    outcome = EffectOutcome.model_validate_json(bus.records("conversations")[-1].value or b"")
+    assert outcome.command_id == decode_command(reply.value).command_id
+    assert outcome.error is not None and outcome.error.kind == "unconfirmed"
+    assert restarted.metrics.commands_dropped.labels("create_message", "redelivered")._value.get() == 1
+
+
+async def test_the_attempt_is_flushed_before_the_reply_is_handed_to_the_executor() -> None:
+    chatwoot = FakeChatwoot(messages=[incoming(1, "refund please")], decision=decision(kind="refund"))
+    tables, bus = new_tables(), Bus()
+    service = new_service(tables, chatwoot)
+    webhook(bus)
+    await run_until_quiet(service, bus, stop_before="create_message")
+    sink = service.sink
+    assert isinstance(sink, MemorySink)
+    flushes = sink.flushes
+    reply = bus.records("effects")[bus.delivered["effects"]]
+    await service.dispatch_command(reply)
+    assert tables.effect_attempts.get(KEY) is not None and sink.flushes == flushes + 1
+    await service.lanes.drain()
+
+
+async def test_a_takeover_resumes_a_run_whose_command_another_process_issued() -> None:
+    chatwoot = FakeChatwoot(messages=[incoming(1, "I was charged twice")])
+    tables, bus = new_tables(), Bus()
+    dead = new_service(tables, chatwoot)
+    webhook(bus)
+    await deliver(dead, bus, bus.records("conversations")[0])  # folded; its first command is never executed
+    bus.delivered["conversations"] = 1
+    entry = TimerEntry.model_validate(tables.timers.get(KEY))
+    assert entry.waiting_by == dead.instance_id
+
+    heir = new_service(tables, chatwoot)
+    await heir.fire_due_timers(frozenset({0}), generation=2)
+    assert isinstance(heir.sink, MemorySink)
+    fired = [TimerFired.model_validate_json(s.value) for s in heir.sink.on("conversations")]
+    assert [(f.key, f.resume, f.due_ms) for f in fired] == [(KEY, True, entry.due)]
+    assert heir.metrics.runs_resumed._value.get() == 1
+
+    # the process that issued the command itself is not resumed: its command is still in its lanes
+    again = new_service(tables, chatwoot)
+    again.instance_id = dead.instance_id
+    again.timers.instance_id = dead.instance_id
+    await again.fire_due_timers(frozenset({0}), generation=2)
+    assert isinstance(again.sink, MemorySink) and again.sink.on("conversations") == []
+
+
+async def test_an_undecodable_record_goes_to_the_dlq_and_the_partition_goes_on() -> None:
+    chatwoot = FakeChatwoot(messages=[incoming(1, "I was charged twice")])
+    tables, bus = new_tables(), Bus()
+    service = new_service(tables, chatwoot)
+    sink = service.sink
+    assert isinstance(sink, MemorySink)
+    service.offsets.assign([("conversations", 0)], {("conversations", 0): 0})
+    bad = bus.append("conversations", KEY, b"{not json")
+    await service.on_record("router", bad)
+    assert [(s.topic, s.value) for s in sink.sent] == [("dlq", b"{not json")]
+    headers = dict(sink.sent[0].headers or [])
+    assert (headers["source_topic"], headers["source_offset"]) == (b"conversations", b"0")
+    assert headers["error"].startswith(b"conversation event: ")  # why, without the record's content
+    bus.collect(sink)
+    bus.delivered["conversations"] = 1
+
+    webhook(bus)
+    await run_until_quiet(service, bus)
+    assert chatwoot.conversation.assignee_id == 7  # the webhook behind it was still routed
+    assert service.metrics.dlq.labels("conversations")._value.get() == 1
+
+
+async def test_a_redelivered_record_rewrites_the_state_and_timer_it_finds() -> None:
+    """After a SIGKILL the local store can be ahead of its changelog: a redelivered record writes them again."""
+    chatwoot = FakeChatwoot(messages=[incoming(1, "I was charged twice")])
+    tables, bus = new_tables(), Bus()
+    service = new_service(tables, chatwoot)
+    record = webhook(bus)
+    await deliver(service, bus, record)
+    states, timers = tables.states, tables.timers
+    assert isinstance(states, MemoryTable) and isinstance(timers, MemoryTable)
+    before = (states.writes, timers.writes, states.get(KEY), timers.get(KEY))
+
+    restarted = new_service(tables, chatwoot)  # the offset was never committed: the record comes again
+    await deliver(restarted, bus, record)
+    assert (states.writes, timers.writes) == (before[0] + 1, before[1] + 1)
+    assert (states.get(KEY), timers.get(KEY)) == (before[2], before[3])  # the same values, written again
+    assert [decode_command(r.value).op for r in bus.records("effects")] == ["get_conversation"]  # no new command
