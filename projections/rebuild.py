@@ -17,8 +17,9 @@ from pydantic import TypeAdapter, ValidationError
 from projections.fold import fold_under, wakeup_of
 from projections.sweep import SweepEvent, fold_sweep, sweep_wakeup
 from schemas.configs import ConfigBook
+from schemas.keys import parse_partition_slot, partition_slot
 from schemas.records import ConversationEvent, parse_marker
-from schemas.state import ConversationState, SweepState
+from schemas.state import ConversationState, SweepState, TimerEntry
 
 REBUILT_BY = "replay-state"
 _CONVERSATION: TypeAdapter[ConversationEvent] = TypeAdapter(ConversationEvent)
@@ -46,7 +47,7 @@ class TableBuilder:
         except ValidationError:
             self.undecodable += 1
             return
-        document = self.book.in_force(self.versions.get(f"conversations:{partition}"))
+        document = self.book.in_force(self.versions.get(partition_slot("conversations", partition)))
         assert document is not None, "a book with at least one version"
         state = self.states.get(event.key, ConversationState())
         result = fold_under(document, state, event, offset)
@@ -62,7 +63,7 @@ class TableBuilder:
         except ValidationError:
             self.undecodable += 1
             return
-        document = self.book.in_force(self.versions.get(f"sweeps:{partition}"))
+        document = self.book.in_force(self.versions.get(partition_slot("sweeps", partition)))
         assert document is not None, "a book with at least one version"
         state = self.sweep_states.get(event.key, SweepState())
         result = fold_sweep(state, event, offset, document.config, retry_base_ms=document.fold.retry_base_ms)
@@ -74,7 +75,7 @@ class TableBuilder:
         if marker is None:
             return False
         if marker.version in self.book:
-            self.versions[f"{topic}:{partition}"] = marker.version
+            self.versions[partition_slot(topic, partition)] = marker.version
         return True
 
     def runs_in_flight(self) -> int:
@@ -87,15 +88,14 @@ class TableBuilder:
             due = wakeup_of(state)
             if due is not None:
                 waiting = state.run is not None and state.run.pending is not None
-                timers[key] = (
-                    self.partition_of[key],
-                    {"due": due, "p": self.partition_of[key], "waiting_by": REBUILT_BY if waiting else None},
-                )
+                entry = TimerEntry(due=due, p=self.partition_of[key], waiting_by=REBUILT_BY if waiting else None)
+                timers[key] = (entry.p, entry.model_dump())
         for key, sweep in self.sweep_states.items():
             due = sweep_wakeup(sweep)
             if due is not None:
-                timers[key] = (self.partition_of[key], {"due": due, "p": self.partition_of[key], "waiting_by": None})
-        versions = {key: (int(key.rsplit(":", 1)[1]), version) for key, version in self.versions.items()}
+                entry = TimerEntry(due=due, p=self.partition_of[key])
+                timers[key] = (entry.p, entry.model_dump())
+        versions = {slot: (parse_partition_slot(slot)[1], version) for slot, version in self.versions.items()}
         return {
             "conversation_state": {
                 k: (self.partition_of[k], s.model_dump(mode="json")) for k, s in self.states.items()
