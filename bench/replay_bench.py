@@ -4,7 +4,7 @@ Builds a `conversations` topic of at least `--records` records by replicating th
 (`tests/golden/demo`, every conversation renamed to a new id), then in the same run, alternating:
 
 - raw: an aiokafka consumer reads the whole topic (records/s);
-- replay: `audit`'s replay (`handlers.log_reader.read_topic` + `projections.audit.LogReplay`) reads and folds it.
+- replay: `audit`'s replay (`handlers.kafka_io.read_topic` + `projections.audit.LogReplay`) reads and folds it.
 
 Reported: each rate and the ratio replay/raw (DESIGN §8 asks ≥ 0.5).
 
@@ -26,8 +26,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from handlers.kafka_io import read_topic, topic_partitions
 from handlers.kafka_topics import ensure_topics
-from handlers.log_reader import read_topic, topic_partitions
 from projections.audit import LogReplay
 from tests.golden.histories import histories, settings_of
 

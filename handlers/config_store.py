@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import time
 
-from aiokafka import AIOKafkaProducer
-
+from handlers.kafka_io import durable_producer, read_topic, topic_partitions
 from handlers.kafka_topics import ensure_topics
-from handlers.log_reader import read_topic, topic_partitions
 from schemas.configs import ConfigBook, ConfigDocument
 from schemas.records import MARKER_KEY, ConfigApplied
 
@@ -54,14 +52,10 @@ async def apply(bootstrap: str, app_id: str, document: ConfigDocument) -> int:
     now = time.time_ns() // 1_000_000
     stored = document.model_copy(update={"applied_at_ms": document.applied_at_ms or now})
     marker = ConfigApplied(version=document.version, at_ms=now).model_dump_json().encode()
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
-    await producer.start()
-    try:
+    async with durable_producer(bootstrap) as producer:
         await producer.send_and_wait(
             configs_topic(app_id), key=document.version.encode(), value=stored.model_dump_json().encode()
         )
         for tp in targets:
             await producer.send_and_wait(tp.topic, key=MARKER_KEY.encode(), value=marker, partition=tp.partition)
-    finally:
-        await producer.stop()
     return len(targets)

@@ -19,7 +19,7 @@ import httpx
 import yaml
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from handlers.log_reader import topic_partitions
+from handlers.kafka_io import topic_partitions
 from projections.audit import ConversationTrail, LogReplay
 from schemas.config import RouterConfig
 from schemas.keys import conversation_key

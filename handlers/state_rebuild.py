@@ -23,8 +23,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import OffsetAndMetadata
 
 from handlers.config_store import configs_topic, ensure_configs_topic, read_book
+from handlers.kafka_io import durable_producer, read_topic, topic_partitions
 from handlers.kafka_topics import TABLES, changelog_topic, ensure_topics
-from handlers.log_reader import read_topic, topic_partitions
 from projections.rebuild import TableBuilder
 from schemas.configs import ConfigBook
 
@@ -173,12 +173,6 @@ async def _set_group_offsets(bootstrap: str, app_id: str) -> None:
         await consumer.stop()
 
 
-async def _producer(bootstrap: str) -> AIOKafkaProducer:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5)
-    await producer.start()
-    return producer
-
-
 async def rebuild(
     bootstrap: str, app_id: str, *, to_app: str | None = None, progress: Progress | None = None
 ) -> Summary:
@@ -191,8 +185,7 @@ async def rebuild(
     if not len(book):
         raise RebuildRefused(f"no configuration version on {configs_topic(app_id)}: start a worker of {app_id} once")
     copied = 0
-    producer = await _producer(bootstrap)
-    try:
+    async with durable_producer(bootstrap, linger_ms=5) as producer:
         if to_app is not None:
             partitions = len(await topic_partitions(bootstrap, f"{app_id}.conversations"))
             await ensure_topics(bootstrap, {f"{to_app}.{name}": partitions for name in ALL_TOPICS})
@@ -205,8 +198,6 @@ async def rebuild(
                 copied += await _copy(bootstrap, f"{app_id}.{name}", f"{to_app}.{name}", producer, progress)
         builder = await _fold(bootstrap, target, await read_book(bootstrap, target), progress)
         await _write_tables(bootstrap, target, builder, producer, delete_stale=to_app is None)
-    finally:
-        await producer.stop()
     await _set_group_offsets(bootstrap, target)
     return Summary(
         copied=copied,

@@ -1,6 +1,6 @@
 """The effectful part of `whatif`: reading the event log, and (`--ask`) System One with an answer cache.
 
-Nothing here talks to Chatwoot. The log is read without a consumer group (handlers/log_reader.py), so a what-if
+Nothing here talks to Chatwoot. The log is read without a consumer group (handlers/kafka_io.py), so a what-if
 never disturbs the workers. System One gets only the candidate's new questions, at most `concurrency` at a
 time; each answer is kept in `<cache>/<digest>.json`, the digest being the SHA-256 of the request body
 (the redacted input, the questions and the model), so a second run asks nothing. The cache holds System One's
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from aiokafka import ConsumerRecord
 
-from handlers.log_reader import Progress, read_topic
+from handlers.kafka_io import Progress, read_topic
 from handlers.systemone import SystemOneClient
 from projections.jev import JevError
 from projections.whatif import Question, TurnRecorder

@@ -21,7 +21,7 @@ from aiokafka import ConsumerRecord
 
 from handlers.config_store import read_book
 from handlers.console.render import render_conversation
-from handlers.log_reader import read_topic
+from handlers.kafka_io import read_topic
 from projections.audit import LogReplay, render_text
 from projections.console_model import ConsoleModel
 from schemas.config import ConfigError, load_config_file

@@ -18,9 +18,9 @@ import argparse
 import asyncio
 import sys
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 
-from handlers.log_reader import topic_partitions
+from handlers.kafka_io import durable_producer, topic_partitions
 from schemas.config import _APP_ID as APP_ID
 from streams.config_cmd import env_or_exit
 
@@ -50,32 +50,30 @@ async def replay_dlq(bootstrap: str, app_id: str, *, dry_run: bool) -> tuple[int
         enable_auto_commit=False,
         auto_offset_reset="earliest",
     )
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
     await consumer.start()
-    await producer.start()
     published = skipped = 0
     try:
-        consumer.assign(partitions)
-        ends = await consumer.end_offsets(partitions)
-        for tp in partitions:
-            while await consumer.position(tp) < ends[tp]:
-                batch = await consumer.getmany(tp, timeout_ms=1000)
-                for record in batch.get(tp, []):
-                    if record.offset >= ends[tp]:
-                        break
-                    source = _header(record.headers, "source_topic")
-                    error = _header(record.headers, "error") or "?"
-                    print(f"{dlq}[{tp.partition}]@{record.offset} → {source or 'no source'}: {error}")
-                    if source is None or not source.startswith(f"{app_id}."):
-                        skipped += 1
-                        continue
+        async with durable_producer(bootstrap) as producer:
+            consumer.assign(partitions)
+            ends = await consumer.end_offsets(partitions)
+            for tp in partitions:
+                while await consumer.position(tp) < ends[tp]:
+                    batch = await consumer.getmany(tp, timeout_ms=1000)
+                    for record in batch.get(tp, []):
+                        if record.offset >= ends[tp]:
+                            break
+                        source = _header(record.headers, "source_topic")
+                        error = _header(record.headers, "error") or "?"
+                        print(f"{dlq}[{tp.partition}]@{record.offset} → {source or 'no source'}: {error}")
+                        if source is None or not source.startswith(f"{app_id}."):
+                            skipped += 1
+                            continue
+                        if not dry_run:
+                            await producer.send_and_wait(source, value=record.value, key=record.key)
+                        published += 1
                     if not dry_run:
-                        await producer.send_and_wait(source, value=record.value, key=record.key)
-                    published += 1
-                if not dry_run:
-                    await consumer.commit()
+                        await consumer.commit()
     finally:
-        await producer.stop()
         await consumer.stop()
     return published, skipped
 

@@ -12,8 +12,7 @@ import asyncio
 import sys
 import time
 
-from aiokafka import AIOKafkaProducer
-
+from handlers.kafka_io import durable_producer
 from handlers.kafka_topics import ensure_topics
 from schemas.records import SweepRequested
 from streams.config_cmd import EXIT_INVALID_CONFIG, load_or_exit
@@ -34,16 +33,11 @@ def requests_for(accounts: list[int], at_ms: int) -> list[SweepRequested]:
 
 async def produce(env: WorkerEnv, records: list[SweepRequested]) -> None:
     await ensure_topics(env.bootstrap, {env.topic(name): env.partitions for name in TOPICS})
-    producer = AIOKafkaProducer(bootstrap_servers=env.bootstrap, acks="all", enable_idempotence=True)
-    await producer.start()
-    try:
-        async with asyncio.timeout(SEND_TIMEOUT_S):
-            for record in records:
-                await producer.send_and_wait(
-                    env.topic("sweeps"), value=record.model_dump_json().encode(), key=record.key.encode()
-                )
-    finally:
-        await producer.stop()
+    async with durable_producer(env.bootstrap) as producer, asyncio.timeout(SEND_TIMEOUT_S):
+        for record in records:
+            await producer.send_and_wait(
+                env.topic("sweeps"), value=record.model_dump_json().encode(), key=record.key.encode()
+            )
 
 
 def run(args: argparse.Namespace) -> int:

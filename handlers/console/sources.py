@@ -22,7 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from handlers.config_store import read_book
 from handlers.console.status import ConsoleStatus, TailStatus, WorkerStuck
-from handlers.log_reader import topic_partitions
+from handlers.kafka_io import topic_partitions
 from projections.console_model import ConsoleModel
 
 log = logging.getLogger("chatwoot_router.console")

@@ -156,7 +156,7 @@ async def record(
     file holds its partition's markers too. Without, `config_path` and `retry_base_ms` say what was in force.
     """
     from handlers.config_store import read_book
-    from handlers.log_reader import read_topic
+    from handlers.kafka_io import read_topic
 
     by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
     markers: dict[int, list[dict[str, Any]]] = defaultdict(list)

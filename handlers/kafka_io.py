@@ -1,18 +1,36 @@
-"""Read a topic from its beginning up to its end offsets as of the start, for audits and replays.
+"""Kafka I/O outside the worker's Faust app: the durable producer and the topic reader every command uses.
 
-The reader never joins a consumer group and never commits: replays must not disturb the running workers.
-It reports progress (records read, rate) through a callback so long replays show where they are.
+- `durable_producer`: acks from all in-sync replicas and idempotence, so a record a command reports as written is
+  written once (config apply, sweep, replay, rebuilds, tests).
+- `read_topic`: a topic from its beginning up to its end offsets as of the start, for audits and replays. It
+  never joins a consumer group and never commits: replays must not disturb the running workers. It reports
+  progress (records read, rate) through a callback so long replays show where they are.
+
+The ingress keeps a producer of its own (handlers/ingress.py): its timeouts are part of the door's answer.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 Progress = Callable[[int, float], None]
+
+
+@asynccontextmanager
+async def durable_producer(bootstrap: str, **options: Any) -> AsyncIterator[AIOKafkaProducer]:
+    """A started producer that waits for all in-sync replicas and never duplicates a retried send."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, **options)
+    await producer.start()
+    try:
+        yield producer
+    finally:
+        await producer.stop()
 
 
 async def topic_partitions(bootstrap: str, topic: str) -> list[TopicPartition]:
