@@ -37,7 +37,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from streams.kafka_local import free_port
-from tests.e2e.conftest import Process, Stack, wait_until  # the e2e tests' stack, reused as is
+from tests.support.processes import Process
+from tests.support.stack import Stack  # the e2e tests' stack, reused as is
+from tests.support.waiting import wait_until
 
 CHATWOOT_OPS = (
     "get_conversation",

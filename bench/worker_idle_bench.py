@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from worker_bench import QUESTION, cpu_seconds
 
 from projections.timer_index import TimerIndex
-from tests.e2e.conftest import INBOX_1, Stack, wait_until
+from tests.support.stack import INBOX_1, Stack
+from tests.support.waiting import wait_until
 
 FAR_RETRY_BASE_MS = 3_600_000  # first backoff = min(base, 30 min cap)
 SETTLE_S = 10.0

@@ -14,6 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.env import router_env
+
+__all__ = ["router_env"]  # moved to tests/support/env.py; kept here for older imports
+
 TESTS = Path(__file__).resolve().parent
 DIRECTORY_MARKERS = ("unit", "integration", "e2e")  # tests/<name>/ gets the marker <name> (pyproject.toml)
 
@@ -60,24 +64,6 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     with running_broker(data_dir=tmp_path_factory.mktemp("kafka")) as broker:
         yield broker.bootstrap
-
-
-def router_env(config: Path, bootstrap: str, app_id: str, **extra: str) -> dict[str, str]:
-    """The environment of a router subprocess (ingress, worker) for routed account 3, free of the caller's own
-    ROUTER_/CHATWOOT_/TYPESAFE_ variables; `extra` adds or overrides variables."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROUTER_", "CHATWOOT_", "TYPESAFE_"))}
-    env.update(
-        ROUTER_CONFIG=str(config),
-        KAFKA_BOOTSTRAP_SERVERS=bootstrap,
-        ROUTER_APP_ID=app_id,
-        ROUTER_PARTITIONS="2",
-        CHATWOOT_TOKEN="user-token",
-        CHATWOOT_AGENT_BOT_TOKENS='{"3":"bot-token"}',
-        CHATWOOT_AGENT_BOT_SECRETS='{"3":"whsec-three"}',
-        TYPESAFE_API_KEY="tsk",
-    )
-    env.update(extra)
-    return env
 
 
 @pytest.fixture

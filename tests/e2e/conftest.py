@@ -1,289 +1,56 @@
-"""One shared stack for the end-to-end tests: the real broker, `chatwoot-router sandbox`, `ingress` and `worker`
-as subprocesses, talking over loopback HTTP exactly as in production. Each test makes its own conversations.
+"""One shared stack for the end-to-end tests (`tests/support/stack.py`), started once per session; each test
+makes its own conversations.
 
-The router is configured with two accounts: account 1 (owners billing/sales; kinds spam -> resolved, hours
--> canned reply "hours") and account 2 (one owner), whose inbox the disconnect test unlinks by a fault rule.
-Retries back off from 200 ms so failure paths finish in seconds.
+The helpers live in `tests/support/`; the names below are re-exported so `from tests.e2e.conftest import …`
+keeps working.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
 
-import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from handlers.sandbox.scenario import from_config
-from schemas.config import parse_config
 from streams.kafka_local import free_port
-from tests.integration.test_ingress import partition_count
+from tests.support.kafka import read_all
+from tests.support.processes import ROOT, Process
+from tests.support.stack import (
+    API_KEY,
+    BILLING,
+    BOT_SECRETS,
+    BOT_TOKENS,
+    INBOX_1,
+    INBOX_2,
+    RETRY_BASE_MS,
+    SALES,
+    USER_TOKEN,
+    Stack,
+    bot_messages,
+    router_config,
+)
+from tests.support.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
-USER_TOKEN = "e2e-user-token"
-BOT_TOKENS = {1: "e2e-bot-1", 2: "e2e-bot-2"}
-BOT_SECRETS = {1: "e2e-secret-1", 2: "e2e-secret-2"}
-API_KEY = "e2e-jev-key"
-BILLING, SALES = 2, 3  # user ids of the owners in account 1
-INBOX_1, INBOX_2 = 101, 201
-RETRY_BASE_MS = 200
-
-
-def router_config(sandbox_url: str) -> dict[str, Any]:
-    return {
-        "chatwoot": {"baseUrl": sandbox_url},
-        "routing": {
-            "endpoint": f"{sandbox_url}/v1/systemone",
-            "botIds": {"1": 5, "2": 6},
-            "accounts": {
-                "1": {
-                    "billing": {"assignee": BILLING, "covers": "Billing, invoices, charges, payments and refunds."},
-                    "sales": {"assignee": SALES, "covers": "Sales quotes, pricing plans and discounts."},
-                },
-                "2": {"support": {"assignee": BILLING, "covers": "Technical support for broken devices."}},
-            },
-            "kinds": {
-                "1": {
-                    "spam": {
-                        "covers": "Spam, advertising, unsolicited marketing offers, casino.",
-                        "status": "resolved",
-                    },
-                    "hours": {"covers": "Opening hours, when the shop is open or closed.", "cannedResponse": "hours"},
-                }
-            },
-        },
-    }
-
-
-class Process:
-    """A `chatwoot-router` subcommand as a subprocess, its output in a log file."""
-
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
-        self.name, self.args, self.env = name, args, env
-        self.log_path = log_dir / f"{name}.log"
-        self.popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        log = self.log_path.open("ab")
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "streams.cli", *self.args], cwd=ROOT, env=self.env, stdout=log, stderr=log
-        )
-        log.close()
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        self.popen.send_signal(sig)
-        try:
-            self.popen.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-def wait_until(what: str, check: Callable[[], Any], deadline_s: float = 60, every_s: float = 0.1) -> Any:
-    """Poll `check` until it returns something truthy; fail with `what` at the deadline."""
-    deadline = time.monotonic() + deadline_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (httpx.HTTPError, OSError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(every_s)  # polling interval between condition checks, bounded by the deadline
-    pytest.fail(f"timed out waiting for {what}; last seen: {last!r}")
-
-
-class Stack:
-    """The running system plus helpers that act as customers and people through the sandbox's control API."""
-
-    def __init__(self, bootstrap: str, app_id: str, tmp: Path) -> None:
-        self.tmp = tmp
-        self.sandbox_port, self.ingress_port, self.web_port = free_port(), free_port(), free_port()
-        self.sandbox_url = f"http://127.0.0.1:{self.sandbox_port}"
-        self.config_path = tmp / "router.json"
-        config = router_config(self.sandbox_url)
-        self.config_path.write_text(json.dumps(config))
-        scenario = from_config(
-            parse_config(config),
-            user_token=USER_TOKEN,
-            bot_tokens=BOT_TOKENS,
-            bot_secrets=BOT_SECRETS,
-            api_key=API_KEY,
-        )
-        # a failed webhook leaves the conversation pending (so a lost webhook is the sweep's to find)
-        scenario["accounts"][0]["keep_pending_on_bot_failure"] = True
-        (tmp / "scenario.json").write_text(json.dumps(scenario))
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("ROUTER_", "CHATWOOT_", "TYPESAFE_"))}
-        self.env.update(
-            ROUTER_CONFIG=str(self.config_path),
-            KAFKA_BOOTSTRAP_SERVERS=bootstrap,
-            ROUTER_APP_ID=app_id,
-            ROUTER_PARTITIONS="4",
-            ROUTER_DATA_DIR=str(tmp / "state"),
-            ROUTER_RETRY_BASE_MS=str(RETRY_BASE_MS),
-            ROUTER_SWEEP_INTERVAL_S="15",
-            CHATWOOT_TOKEN=USER_TOKEN,
-            CHATWOOT_AGENT_BOT_TOKENS=json.dumps({str(k): v for k, v in BOT_TOKENS.items()}),
-            CHATWOOT_AGENT_BOT_SECRETS=json.dumps({str(k): v for k, v in BOT_SECRETS.items()}),
-            TYPESAFE_API_KEY=API_KEY,
-        )
-        self.sandbox = Process(
-            "sandbox",
-            [
-                "sandbox",
-                "--port",
-                str(self.sandbox_port),
-                "--scenario",
-                str(tmp / "scenario.json"),
-                "--webhook-url",
-                f"http://127.0.0.1:{self.ingress_port}/chatwoot/agent-bot",
-                "--retry-delay",
-                "0.3",
-            ],
-            self.env,
-            tmp,
-        )
-        self.ingress = Process(
-            "ingress", ["ingress", "--host", "127.0.0.1", "--port", str(self.ingress_port)], self.env, tmp
-        )
-        self.worker = Process("worker", ["worker", "--web-port", str(self.web_port)], self.env, tmp)
-        self.http = httpx.Client(timeout=10)
-
-    # --- processes ---
-
-    def start(self) -> None:
-        for process in (self.sandbox, self.ingress, self.worker):
-            process.start()
-        wait_until("the sandbox", lambda: self.http.get(f"{self.sandbox_url}/_sandbox/state").status_code == 200)
-        wait_until("the ingress", lambda: self.http.get(f"http://127.0.0.1:{self.ingress_port}/healthz").is_success)
-        self.wait_worker_healthy()
-
-    def wait_worker_healthy(self, deadline_s: float = 120) -> None:
-        def healthy() -> bool:
-            assert self.worker.alive(), f"worker exited:\n{self.worker.log_tail()}"
-            return self.healthz().status_code == 200
-
-        wait_until("the worker's /healthz", healthy, deadline_s, every_s=0.25)
-
-    def healthz(self) -> httpx.Response:
-        return self.http.get(f"http://127.0.0.1:{self.web_port}/healthz")
-
-    def metrics(self) -> str:
-        return self.http.get(f"http://127.0.0.1:{self.web_port}/metrics").text
-
-    def stop(self) -> None:
-        for process in (self.worker, self.ingress, self.sandbox):
-            process.stop()
-        self.http.close()
-
-    def run_cli(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "streams.cli", *args],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-
-    # --- the sandbox's control API ---
-
-    def control(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        response = self.http.request(method, f"{self.sandbox_url}/_sandbox{path}", json=body)
-        assert response.is_success, f"{method} {path}: {response.status_code} {response.text}"
-        return response.json()
-
-    def new_conversation(self, account: int = 1, inbox: int = INBOX_1, **fields: Any) -> int:
-        created = self.control("POST", "/conversations", {"account_id": account, "inbox_id": inbox, **fields})
-        return int(created["id"])
-
-    def customer_says(self, account: int, conversation: int, text: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.control(
-            "POST", f"/conversations/{account}/{conversation}/incoming", {"content": text}
-        )
-        return result
-
-    def conversation(self, account: int, conversation: int) -> dict[str, Any]:
-        result: dict[str, Any] = self.control("GET", f"/conversations/{account}/{conversation}")
-        return result
-
-    def fault(self, **rule: Any) -> None:
-        self.control("POST", "/faults", rule)
-
-    def clear_faults(self) -> None:
-        self.control("DELETE", "/faults")
-
-    def state(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.control("GET", "/state")
-        return result
-
-    def wait_conversation(
-        self,
-        account: int,
-        conversation: int,
-        what: str,
-        check: Callable[[dict[str, Any]], bool],
-        deadline_s: float = 60,
-    ) -> dict[str, Any]:
-        def probe() -> dict[str, Any] | None:
-            assert self.worker.alive(), f"worker exited:\n{self.worker.log_tail()}"
-            current = self.conversation(account, conversation)
-            return current if check(current) else None
-
-        result: dict[str, Any] = wait_until(f"{account}:{conversation} {what}", probe, deadline_s)
-        return result
-
-
-async def read_all(bootstrap: str, topic: str) -> list[Any]:
-    """Every record in `topic` (all partitions), in partition order."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        partitions = [TopicPartition(topic, p) for p in range(await partition_count(bootstrap, topic))]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        records: list[Any] = []
-        async with asyncio.timeout(60):
-            while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
-                batch = await consumer.getmany(timeout_ms=500)
-                for messages in batch.values():
-                    records += messages
-        return records
-    finally:
-        await consumer.stop()
-
-
-def bot_messages(conversation: dict[str, Any]) -> list[dict[str, Any]]:
-    """Outgoing messages sent by an agent bot."""
-    return [
-        m
-        for m in conversation["messages"]
-        if m["message_type"] == 1 and (m.get("sender") or {}).get("type") == "agent_bot"
-    ]
+__all__ = [
+    "API_KEY",
+    "BILLING",
+    "BOT_SECRETS",
+    "BOT_TOKENS",
+    "INBOX_1",
+    "INBOX_2",
+    "RETRY_BASE_MS",
+    "ROOT",
+    "SALES",
+    "USER_TOKEN",
+    "Process",
+    "Stack",
+    "bot_messages",
+    "free_port",
+    "read_all",
+    "router_config",
+    "wait_until",
+]
 
 
 @pytest.fixture(scope="session")

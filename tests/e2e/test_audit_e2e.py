@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tests.e2e.conftest import BILLING, Stack, wait_until
+from tests.support.stack import BILLING, Stack
+from tests.support.waiting import wait_until
 
 
 def test_audit_prints_the_timeline_and_verifies_the_live_state(e2e: Stack) -> None:

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import ROOT, Stack, router_config, wait_until
+from tests.support.processes import ROOT
+from tests.support.stack import Stack, router_config
+from tests.support.waiting import wait_until
 
 SPAM = "Casino spam advertising: unsolicited marketing offers for you"
 

@@ -25,17 +25,10 @@ from projections.audit import LogReplay
 from schemas.config import load_config_file
 from schemas.records import EffectCommand
 from streams.kafka_local import free_port
-from tests.e2e.conftest import (
-    API_KEY,
-    BILLING,
-    BOT_SECRETS,
-    BOT_TOKENS,
-    USER_TOKEN,
-    Process,
-    Stack,
-    read_all,
-    wait_until,
-)
+from tests.support.kafka import read_all
+from tests.support.processes import Process
+from tests.support.stack import API_KEY, BILLING, BOT_SECRETS, BOT_TOKENS, USER_TOKEN, Stack
+from tests.support.waiting import wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [

@@ -22,8 +22,10 @@ import pytest
 from projections.fold import fold
 from schemas.config import load_config_file
 from schemas.state import ConversationState
-from streams.worker.codec import decode_conversation_event
-from tests.e2e.conftest import RETRY_BASE_MS, Stack, bot_messages, read_all, wait_until
+from schemas.codec import decode_conversation_event
+from tests.support.kafka import read_all
+from tests.support.stack import RETRY_BASE_MS, Stack, bot_messages
+from tests.support.waiting import wait_until
 
 TEXTS = (
     "I was charged twice on my invoice, please refund the payment",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.e2e.conftest import Stack
+from tests.support.stack import Stack
 from tests.unit.test_grafana_dashboard import REQUIRED, dashboard_exprs, exported_names, metric_names
 
 

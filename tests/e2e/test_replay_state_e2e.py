@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from streams.kafka_local import free_port
-from tests.e2e.conftest import BILLING, ROOT, Process, Stack, bot_messages, wait_until
+from tests.support.processes import ROOT, Process
+from tests.support.stack import BILLING, Stack, bot_messages
+from tests.support.waiting import wait_until
 
 BILLING_QUESTION = "I was charged twice on my invoice, please refund the payment"
 SPAM = "Casino spam advertising: unsolicited marketing offers for you"

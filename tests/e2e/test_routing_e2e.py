@@ -13,7 +13,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from tests.e2e.conftest import BILLING, BOT_TOKENS, INBOX_2, SALES, Stack, bot_messages, read_all, wait_until
+from tests.support.kafka import read_all
+from tests.support.stack import BILLING, BOT_TOKENS, INBOX_2, SALES, Stack, bot_messages
+from tests.support.waiting import wait_until
 
 BILLING_QUESTION = "I was charged twice on my invoice, please refund the payment"
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import signal
 
 from streams.kafka_local import free_port
-from tests.e2e.conftest import BILLING, Process, Stack, wait_until
+from tests.support.processes import Process
+from tests.support.stack import BILLING, Stack
+from tests.support.waiting import wait_until
 
 QUESTION = "I was charged twice on my invoice, please refund the payment"
 

@@ -22,8 +22,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.e2e.conftest import Stack, router_config
 from tests.golden.histories import ROOT, record, regenerate
+from tests.support.stack import Stack, router_config
 
 OUT = ROOT / "config-change"
 SPAM = "Casino spam advertising: unsolicited marketing offers for you"

@@ -18,7 +18,7 @@ from handlers.partition_reader import FetchedMessage, FetchedRecord, PartitionRe
 from schemas.config import RouterConfig, Secrets, Settings
 from streams.worker.app import WorkerApp
 from streams.worker.env import WorkerEnv
-from tests.integration.test_kafka_roundtrip import create_topic
+from tests.support.kafka import create_topic
 
 
 async def produce(bootstrap: str, topic: str, count: int) -> None:

@@ -16,13 +16,12 @@ from typing import Any
 
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from handlers.ingress import DEFAULT_PRODUCE_TIMEOUT_S, WEBHOOK_PATH, KafkaWebhookWriter, create_app
 from projections.webhook import sign
 from schemas.config import Secrets, Settings, parse_config
 from schemas.records import Transition, WebhookReceived
+from tests.support.kafka import partition_count, read_topic
 
 SECRETS = {1: "whsec-one", 2: "whsec-two"}
 SETTINGS = Settings(
@@ -104,38 +103,6 @@ async def open_door(
     finally:
         await session.close()
         await server.close()  # runs on_cleanup: flushes and stops the producer
-
-
-async def partition_count(bootstrap: str, topic: str) -> int:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        (described,) = await admin.describe_topics([topic])
-        return len(described["partitions"])
-    finally:
-        await admin.close()
-
-
-async def read_topic(bootstrap: str, topic: str) -> list[tuple[str, dict[str, Any]]]:
-    """Every record now in the topic, as (key, decoded value), read from the start of each partition."""
-    partitions = [TopicPartition(topic, p) for p in range(await partition_count(bootstrap, topic))]
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        expected = sum(ends.values())
-        records: list[tuple[str, dict[str, Any]]] = []
-        deadline = time.monotonic() + 20
-        while len(records) < expected and time.monotonic() < deadline:
-            batch = await consumer.getmany(timeout_ms=500)
-            for messages in batch.values():
-                records += [(m.key.decode(), json.loads(m.value)) for m in messages]
-        assert len(records) == expected
-        return records
-    finally:
-        await consumer.stop()
 
 
 async def test_accepted_webhook_is_in_kafka_exactly_as_normalised(kafka_bootstrap: str, app_id: str) -> None:

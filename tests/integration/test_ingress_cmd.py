@@ -13,8 +13,8 @@ from typing import Any
 from aiohttp import ClientSession
 
 from projections.webhook import sign
-from tests.conftest import router_env
-from tests.integration.test_ingress import read_topic
+from tests.support.env import router_env
+from tests.support.kafka import read_topic
 
 CONFIG = {
     "chatwoot": {"baseUrl": "http://127.0.0.1:3000"},

@@ -26,8 +26,8 @@ from aiohttp import ClientSession, ClientTimeout
 from handlers.logging_setup import LIBRARY_BURST, LIBRARY_INTERVAL_S
 from projections.webhook import sign
 from streams.kafka_local import LocalKafka, start_broker
-from tests.conftest import router_env
-from tests.integration.test_ingress import read_topic
+from tests.support.env import router_env
+from tests.support.kafka import read_topic
 
 CONFIG = {
     "chatwoot": {"baseUrl": "http://127.0.0.1:3000"},

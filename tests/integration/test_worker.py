@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas.records import WebhookReceived
 from streams.kafka_local import free_port
-from tests.conftest import router_env
+from tests.support.env import router_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {

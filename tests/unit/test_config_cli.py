@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from streams.cli import main
-from tests.conftest import router_env
+from tests.support.env import router_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {
