@@ -29,7 +29,7 @@ from projections.inputs import build_input
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.decision import Decision
-from schemas.keys import run_of_command
+from schemas.keys import ConversationKey, parse_key, run_of_command
 from schemas.records import (
     Assign,
     ConversationEvent,
@@ -551,10 +551,11 @@ class ConsoleModel:
 def parse_conversation_key(text: str) -> str | None:
     """`"1:42"` (also `"1/42"`, `"1 42"`, with spaces around) as the log's key `"1:42"`; None if it is not one."""
     cleaned = text.strip().replace("/", ":").replace(" ", ":")
-    account, sep, conversation = cleaned.partition(":")
-    if not sep or not account.isdigit() or not conversation.isdigit():
+    try:
+        key = parse_key(cleaned)
+    except ValueError:
         return None
-    return f"{int(account)}:{int(conversation)}"
+    return str(key) if isinstance(key, ConversationKey) else None
 
 
 CAUSES = {
@@ -601,5 +602,9 @@ def merge_stuck(from_log: dict[str, str], from_workers: list[tuple[str, dict[str
     ]
 
 
-def _key_order(key: str) -> tuple[int, ...]:
-    return tuple(int(part) if part.isdigit() else 0 for part in key.split(":"))
+def _key_order(key: str) -> tuple[int, int]:
+    try:
+        parsed = parse_key(key)
+    except ValueError:
+        return (0, 0)
+    return (parsed.account_id, parsed.conversation_id if isinstance(parsed, ConversationKey) else 0)

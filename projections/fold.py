@@ -13,7 +13,7 @@ from projections.route.folder import Folder, FoldResult, wakeup_of
 from projections.route.phases import PHASE_HANDLERS
 from schemas.config import RouterConfig
 from schemas.configs import ConfigDocument
-from schemas.keys import ConversationKey, parse_key
+from schemas.keys import conversation_key_of
 from schemas.records import EffectOutcome, SweepFound, TimerFired, WebhookReceived
 from schemas.state import ConversationState
 
@@ -33,9 +33,7 @@ def fold(
     applied changes nothing (DESIGN §5)."""
     if offset <= state.offset:
         return FoldResult(state, [], wakeup_of(state), [])
-    parsed = parse_key(event.key)
-    if not isinstance(parsed, ConversationKey):
-        raise ValueError(f"not a conversation key: {event.key!r}")
+    parsed = conversation_key_of(event.key)
     folder = Folder(state, config, parsed.account_id, parsed.conversation_id, event.at_ms, offset, retry_base_ms)
     _apply(folder, event)
     result = folder.finish()

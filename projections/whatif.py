@@ -33,8 +33,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from projections.fold import Event, fold_under
 from projections.jev import Decision, JevError, asked_options, build_request, encode_request, read_decision
+from schemas.chatwoot import MessageType
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument
+from schemas.keys import conversation_key_of, run_of_command
 from schemas.records import (
     AgentsResult,
     CannedResult,
@@ -110,7 +112,7 @@ class _Window:
 
 
 def _run_of(command: EffectCommand) -> int:
-    return int(command.command_id.split(":")[2])
+    return run_of_command(command.command_id) or 0
 
 
 class TurnRecorder:
@@ -186,7 +188,7 @@ class TurnRecorder:
         if window.decision is None:
             self.undecided += 1
             return
-        account = int(key.split(":")[0])
+        account = conversation_key_of(key).account_id
         self.turns.append(
             RecordedTurn(
                 key=key,
@@ -458,10 +460,10 @@ class _Replay:
                 return AgentsResult(agent_ids=(assignee,) if assignee is not None else ())
             case "create_message":
                 bot = self.document.config.routing.bot_ids[account]
-                conversation = int(self.turn.key.split(":")[1])
+                conversation = conversation_key_of(self.turn.key).conversation_id
                 receipt = MessageView(
                     id=SYNTHETIC_MESSAGE_ID,
-                    message_type=1,
+                    message_type=MessageType.OUTGOING,
                     private=False,
                     sender_type="agent_bot",
                     sender_id=bot,

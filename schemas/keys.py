@@ -53,6 +53,14 @@ def parse_key(key: str) -> ConversationKey | SweepKey:
     raise ValueError(f"not a router key: {key!r}")
 
 
+def conversation_key_of(key: str) -> ConversationKey:
+    """The typed form of a conversation key; ValueError for anything else (a sweep key included)."""
+    parsed = parse_key(key)
+    if not isinstance(parsed, ConversationKey):
+        raise ValueError(f"not a conversation key: {key!r}")
+    return parsed
+
+
 def is_conversation_key(key: str) -> bool:
     """Whether `key` names a conversation ("acct:conv") rather than a sweep ("acct:open")."""
     try:
