@@ -14,7 +14,8 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from handlers.partition_reader import FetchedMessage, FetchedRecord, PartitionReader
+from handlers.partition_reader import PartitionReader
+from handlers.worker_ports import SourceRecord
 from schemas.config import RouterConfig, Secrets, Settings
 from streams.worker.app import WorkerApp
 from streams.worker.env import WorkerEnv
@@ -74,26 +75,27 @@ async def test_a_gap_is_read_and_folded_in_order_before_the_record_that_revealed
     await create_topic(kafka_bootstrap, topic, partitions=1)
     await produce(kafka_bootstrap, topic, 8)
     worker = worker_app(tmp_path, kafka_bootstrap, app_id)
+    service = worker.service  # reads the gap with the worker's real PartitionReader
     tp = (topic, 0)
     folded: list[tuple[int, bytes | None]] = []
 
-    async def handler(event: FetchedRecord) -> None:
-        folded.append((event.message.offset, event.value))
+    async def handler(record: SourceRecord) -> None:
+        folded.append((record.offset, record.value))
 
-    def handed(offset: int) -> FetchedRecord:
-        return FetchedRecord(b"1:1", f"record-{offset}".encode(), FetchedMessage(topic, 0, offset))
+    def handed(offset: int) -> SourceRecord:
+        return SourceRecord(topic, 0, offset, b"1:1", f"record-{offset}".encode())
 
     try:
-        worker.offsets.assign([tp], await worker.reader.resume_points([tp]))
-        assert worker.offsets.expected(tp) == 0  # nothing committed: the log start
-        await worker._in_order("router", handed(5), handler)  # Faust skipped 0..4
+        service.offsets.assign([tp], await worker.reader.resume_points([tp]))
+        assert service.offsets.expected(tp) == 0  # nothing committed: the log start
+        await service.in_order("router", handed(5), handler)  # Faust skipped 0..4
         assert folded == [(n, f"record-{n}".encode()) for n in range(6)]
-        await worker._in_order("router", handed(3), handler)  # delivered again after a seek back: skipped
-        await worker._in_order("router", handed(6), handler)
+        await service.in_order("router", handed(3), handler)  # delivered again after a seek back: skipped
+        await service.in_order("router", handed(6), handler)
         assert [offset for offset, _ in folded] == [0, 1, 2, 3, 4, 5, 6]
     finally:
         await worker.reader.close()
-        await worker.executor.aclose()
+        await service.executor.aclose()
 
 
 async def test_the_group_resumes_at_its_committed_offset(kafka_bootstrap: str, app_id: str) -> None:
