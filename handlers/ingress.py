@@ -31,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from handlers.ingress_conn import DEFAULT_READ_TIMEOUT_S, ConnectionGuard, start_guarded
 from handlers.kafka_topics import ensure_topics
+from handlers.logging_setup import log_line
 from projections.webhook import MAX_BODY_BYTES, TIMESTAMP_TOLERANCE_S, Outcome, evaluate
 from schemas.config import ConfigError, RouterEnv, Settings, load_settings, read_env
 from schemas.records import WebhookReceived
@@ -212,7 +213,8 @@ class KafkaWebhookWriter:
                 await producer.start()
             except BaseException:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(producer.stop(), 1.0)
+                    async with asyncio.timeout(1.0):
+                        await producer.stop()
                 raise
         self._producer = producer
         log.info("kafka producer connected", extra={"topic": self.topic})
@@ -297,7 +299,8 @@ async def _retire_producer(producer: AIOKafkaProducer, grace_s: float) -> None:
     if task is not None and not task.done():
         task.cancel()
     try:
-        await asyncio.wait_for(producer.client.close(), 5.0)
+        async with asyncio.timeout(5.0):
+            await producer.client.close()
         if task is not None:
             await asyncio.wait([task], timeout=5.0)
     except Exception as exc:
@@ -471,6 +474,15 @@ def scrub_record(record: WebhookReceived) -> WebhookReceived:
     return record if cleaned == dumped else WebhookReceived.model_validate(cleaned)
 
 
+def _serialise(record: WebhookReceived) -> bytes:
+    """The record as UTF-8 JSON. Serialising fails only on lone surrogates, so the scrub (a full dump and
+    walk of the record) runs only then, not on every request."""
+    try:
+        return record.model_dump_json().encode("utf-8")
+    except (ValueError, UnicodeError):  # PydanticSerializationError is a ValueError
+        return scrub_record(record).model_dump_json().encode("utf-8")
+
+
 async def _webhook(request: web.Request) -> web.Response:
     app = request.app
     now_ms = app[CLOCK_MS]()
@@ -507,12 +519,11 @@ async def _webhook(request: web.Request) -> web.Response:
         fields["signing_account"] = verdict.signing_account
     record = verdict.record
     if record is None:
-        log.info("webhook", extra=fields)
+        log_line(log, logging.INFO, "webhook", fields)
         return _respond(app, verdict.outcome)
     fields.update(account_id=record.account_id, conversation_id=record.conversation_id, delivery_id=record.delivery_id)
     try:  # serialising is the request's business: a failure here is a bad request, never a Kafka failure
-        record = scrub_record(record)
-        value = record.model_dump_json().encode("utf-8")
+        value = _serialise(record)
     except Exception as exc:
         log.warning(
             "webhook not serialisable", extra={**fields, "outcome": "bad_request", "error_type": type(exc).__name__}
@@ -536,7 +547,8 @@ async def _webhook(request: web.Request) -> web.Response:
         return _respond(app, "not_durable")
     elapsed = time.perf_counter() - started
     app[METRICS].produce_seconds.observe(elapsed)
-    log.info("webhook", extra={**fields, "produce_ms": round(elapsed * 1000, 2)})
+    fields["produce_ms"] = round(elapsed * 1000, 2)
+    log_line(log, logging.INFO, "webhook", fields)
     return _respond(app, Outcome.ACCEPTED)
 
 
