@@ -6,9 +6,14 @@ Starts `chatwoot-router ingress` as its own process against a real broker, then 
    raw idempotent acks=all producer sending the same records at the same rate;
 2. closed loop with N concurrent senders: the highest sustained webhooks/s and raw records/s.
 
-The ratios (ingress/raw) are the figures worth tracking; absolute numbers depend on the machine.
+The ratios (ingress/raw) are the figures worth tracking; absolute numbers depend on the machine. Each phase
+also reports CPU: the ingress process's (utime + stime from /proc/<pid>/stat) per webhook, and this process's
+per raw record while only the raw producer runs in it, and their ratio.
 
-    .venv/bin/python bench/ingress_bench.py --bootstrap 127.0.0.1:9092 [--rate 500] [--seconds 10]
+`--code-dir DIR` runs the ingress from another checkout (e.g. `git worktree add /tmp/before <commit>`), so a
+change can be measured against the code before it in the same way:
+
+    .venv/bin/python bench/ingress_bench.py --bootstrap 127.0.0.1:9092 [--rate 500] [--seconds 10] [--code-dir DIR]
 """
 
 from __future__ import annotations
@@ -33,10 +38,43 @@ from projections.webhook import sign
 from schemas.records import WebhookReceived
 
 SECRET = "bench-secret"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 CONFIG = {
     "chatwoot": {"baseUrl": "http://127.0.0.1:3000"},
     "routing": {"botIds": {"1": 10}, "accounts": {"1": {"team": {"assignee": 1, "covers": "All."}}}},
 }
+
+
+def cpu_seconds(pid: int | str = "self") -> float:
+    """User + system CPU time of a process (all threads) from /proc, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+class Cpu:
+    """CPU seconds a process spends inside `with meter:` blocks, summed over blocks."""
+
+    def __init__(self, pid: int | str) -> None:
+        self.pid = pid
+        self.spent = 0.0
+        self._began = 0.0
+
+    def __enter__(self) -> Cpu:
+        self._began = cpu_seconds(self.pid)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.spent += cpu_seconds(self.pid) - self._began
+
+
+def cpu_report(ingress: Cpu, webhooks: int, raw: Cpu, records: int) -> dict[str, float]:
+    per_webhook = 1000 * ingress.spent / max(webhooks, 1)
+    per_record = 1000 * raw.spent / max(records, 1)
+    return {
+        "ingress_cpu_ms_per_webhook": round(per_webhook, 3),
+        "raw_cpu_ms_per_record": round(per_record, 3),
+        "ratio_cpu": round(per_webhook / per_record, 2) if per_record else float("nan"),
+    }
 
 
 def webhook(n: int) -> tuple[bytes, dict[str, str]]:
@@ -143,7 +181,9 @@ async def closed_loop(send: Callable[[int], Awaitable[bool]], workers: int, seco
     return {"done": done, "errors": errors, "per_s": round(done / elapsed, 1), **percentiles(latencies)}
 
 
-async def start_ingress(bootstrap: str, app_id: str, workdir: Path) -> tuple[asyncio.subprocess.Process, str]:
+async def start_ingress(
+    bootstrap: str, app_id: str, workdir: Path, code_dir: Path | None = None
+) -> tuple[asyncio.subprocess.Process, str]:
     config = workdir / "router.json"
     config.write_text(json.dumps(CONFIG), encoding="utf-8")
     env = dict(os.environ)
@@ -156,6 +196,8 @@ async def start_ingress(bootstrap: str, app_id: str, workdir: Path) -> tuple[asy
         CHATWOOT_AGENT_BOT_SECRETS=json.dumps({"1": SECRET}),
         TYPESAFE_API_KEY="k",
     )
+    if code_dir is not None:
+        env["PYTHONPATH"] = str(code_dir)
     log = (workdir / "ingress.log").open("wb")
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -167,6 +209,7 @@ async def start_ingress(bootstrap: str, app_id: str, workdir: Path) -> tuple[asy
         "--port",
         "0",
         env=env,
+        cwd=code_dir,
         stdout=asyncio.subprocess.PIPE,
         stderr=log,
     )
@@ -181,7 +224,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     app_id = f"bench-{uuid.uuid4().hex[:8]}"
     topic = f"{app_id}.conversations"
     workdir = Path(tempfile.mkdtemp(prefix="ingress-bench-"))
-    process, base = await start_ingress(args.bootstrap, app_id, workdir)
+    process, base = await start_ingress(args.bootstrap, app_id, workdir, args.code_dir)
     producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, acks="all", enable_idempotence=True)
     await producer.start()
     session = ClientSession(connector=TCPConnector(limit=args.workers * 2))
@@ -203,18 +246,29 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         await closed_loop(send_raw, 4, 1.0)
         # alternate short rounds so that background load on a shared machine hits both sides alike
         webhooks_open, raw_open = Tally(), Tally()
+        ingress_open, raw_open_cpu = Cpu(process.pid), Cpu("self")
         for _ in range(args.rounds):
-            await open_loop(send_webhook, args.rate, args.seconds / args.rounds, webhooks_open)
-            await open_loop(send_raw, args.rate, args.seconds / args.rounds, raw_open)
+            with ingress_open:
+                await open_loop(send_webhook, args.rate, args.seconds / args.rounds, webhooks_open)
+            with raw_open_cpu:
+                await open_loop(send_raw, args.rate, args.seconds / args.rounds, raw_open)
+        ingress_max, raw_max_cpu = Cpu(process.pid), Cpu("self")
+        with ingress_max:
+            webhooks_max = await closed_loop(send_webhook, args.workers, args.seconds)
+        with raw_max_cpu:
+            raw_max = await closed_loop(send_raw, args.workers, args.seconds)
         results = {
+            "code_dir": str(args.code_dir or Path(__file__).resolve().parents[1]),
             "open_loop_rate": args.rate,
             "seconds": args.seconds,
             "rounds": args.rounds,
             "webhooks_open": webhooks_open.summary(),
             "raw_open": raw_open.summary(),
             "workers": args.workers,
-            "webhooks_max": await closed_loop(send_webhook, args.workers, args.seconds),
-            "raw_max": await closed_loop(send_raw, args.workers, args.seconds),
+            "webhooks_max": webhooks_max,
+            "raw_max": raw_max,
+            "cpu_open": cpu_report(ingress_open, webhooks_open.sent, raw_open_cpu, raw_open.sent),
+            "cpu_max": cpu_report(ingress_max, webhooks_max["done"], raw_max_cpu, raw_max["done"]),
         }
         results["ratio_max_throughput"] = round(results["webhooks_max"]["per_s"] / results["raw_max"]["per_s"], 3)
         results["ratio_p99_open"] = round(results["webhooks_open"]["p99_ms"] / results["raw_open"]["p99_ms"], 2)
@@ -233,6 +287,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of each measured phase")
     parser.add_argument("--rounds", type=int, default=5, help="alternating open-loop rounds per side")
     parser.add_argument("--workers", type=int, default=32, help="concurrent senders in the closed loop")
+    parser.add_argument("--code-dir", type=Path, help="run the ingress from this checkout (default: this one)")
     return parser.parse_args(argv)
 
 

@@ -1,5 +1,10 @@
 """Worker benchmark (not run by CI): webhook -> turn end through sandbox, ingress, Kafka and the worker.
 
+Both modes print the CPU milliseconds each process (worker, ingress, sandbox; utime + stime from /proc) spent
+per conversation of a burst. To compare with an earlier commit, run this file from a checkout of it, e.g.
+`git worktree add /tmp/before <commit>`, copy this file to /tmp/before/bench/, then
+`.venv/bin/python /tmp/before/bench/worker_bench.py …` (the stack runs from the directory the script is in).
+
 Starts the same stack as the end-to-end tests (`chatwoot-router sandbox`, `ingress`, `worker` as processes),
 with the sandbox answering every Chatwoot call after 20 ms and System One after 200 ms, then, by `--mode`:
 
@@ -57,7 +62,7 @@ CHATWOOT_OPS = (
 QUESTION = "I was charged twice on my invoice, please refund the payment"
 PARTITIONS = 4  # what tests.e2e.conftest.Stack creates the topics with
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-RESULT_KEYS = frozenset({"conversations_per_s", "p50_ms", "p99_ms", "not_assigned"})
+RESULT_KEYS = frozenset({"conversations", "conversations_per_s", "p50_ms", "p99_ms", "not_assigned"})
 
 
 # --- CPU accounting from /proc (no psutil in the venv) ------------------------------------------------------
@@ -186,6 +191,7 @@ def run_batch(stack: Stack, count: int, slow_first: bool, workers: list[Process]
         first = f"1:{ids[0]}"
         wait_until("the slow conversation", lambda: first in final_turns(logs), 120, 0.5)
     return {
+        "conversations": float(len(others)),
         "conversations_per_s": len(others) / span,
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * percentile(latencies, 0.99),
@@ -196,9 +202,27 @@ def run_batch(stack: Stack, count: int, slow_first: bool, workers: list[Process]
 # --- modes ------------------------------------------------------------------------------------------------
 
 
+def process_groups(stack: Stack) -> dict[str, list[int]]:
+    """The stack's processes by name, for CpuMeter."""
+    assert stack.worker.popen is not None and stack.ingress.popen is not None and stack.sandbox.popen is not None
+    return {
+        "worker": [stack.worker.popen.pid],
+        "ingress": [stack.ingress.popen.pid],
+        "sandbox": [stack.sandbox.popen.pid],
+    }
+
+
+def per_conversation(spent: dict[str, float], count: int) -> str:
+    """CPU ms per conversation of each process group (wall time left out)."""
+    return ", ".join(f"{name} {1000 * seconds / count:.1f}" for name, seconds in spent.items() if name != "wall_s")
+
+
 def run_isolation(stack: Stack, count: int) -> None:
     standing_faults(stack)
+    meter = CpuMeter(process_groups(stack))
+    meter.start()
     base = run_batch(stack, count, slow_first=False)
+    print(f"baseline CPU ms per conversation: {per_conversation(meter.stop(), count)}", flush=True)
     # the 30 s rule must be found first: put it in front of the standing 200 ms rule
     stack.clear_faults()
     stack.fault(op="systemone", mode="delay", delay_ms=30_000, times=1)
@@ -267,9 +291,11 @@ def describe(label: str, run: dict[str, float], base: dict[str, float] | None) -
         )
     cpu = ", ".join(f"{k} {v:.1f}" for k, v in run.items() if k not in RESULT_KEYS)
     busy = sum(v for k, v in run.items() if k not in {*RESULT_KEYS, "wall_s"})
+    spent = {k: v for k, v in run.items() if k not in RESULT_KEYS}
     return (
         f"{label}: {run['conversations_per_s']:.1f} conversations/s, p50 {run['p50_ms']:.0f} ms, "
         f"p99 {run['p99_ms']:.0f} ms{ratio}\n    CPU s: {cpu} (all measured: {busy / run['wall_s']:.2f} cores)"
+        f"\n    CPU ms per conversation: {per_conversation(spent, int(run['conversations']))}"
     )
 
 
