@@ -58,6 +58,7 @@ from typing import Any
 import httpx
 
 from bench.chaos_verify import CONVERSATION_KEY, Evidence, Verdict, check, collect, parse_audit, read_topic
+from handlers.processes import Child
 from handlers.sandbox.scenario import from_config
 from schemas.config import parse_config
 from streams.kafka_local import LocalKafka, free_port, start_broker
@@ -206,15 +207,15 @@ def make_plans(count: int, duration_s: float, fault_rate: float, rng: random.Ran
 # --- processes -------------------------------------------------------------------------------------------
 
 
-class Proc:
-    """One `chatwoot-router` subcommand as a child process, its output appended to a log file."""
+class Proc(Child):
+    """One `chatwoot-router` subcommand as a child process (`handlers.processes.Child`), its output appended to a
+    log file with a line per start, and whether the harness wants it running."""
 
     def __init__(
         self, name: str, args: list[str], env: dict[str, str], log_dir: Path, health_url: str, cwd: Path = ROOT
     ) -> None:
-        self.name, self.args, self.env, self.health_url, self.cwd = name, args, env, health_url, cwd
-        self.log_path = log_dir / f"{name}.log"
-        self.popen: subprocess.Popen[bytes] | None = None
+        super().__init__(name, args, env, log_dir / f"{name}.log", cwd=cwd, append=True)
+        self.health_url = health_url
         self.wanted = False  # should be running (the supervisor restarts it when it exits by itself)
         self.starts = 0
         self.started_at = 0.0
@@ -222,50 +223,21 @@ class Proc:
     def start(self) -> None:
         with self.log_path.open("ab") as log:
             log.write(f"\n=== start {self.starts + 1} at {time.time():.3f} ===\n".encode())
-            log.flush()
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "streams.cli", *self.args],
-                cwd=self.cwd,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        super().start()
         self.starts += 1
         self.started_at = time.monotonic()
         self.wanted = True
 
-    @property
-    def pid(self) -> int | None:
-        return self.popen.pid if self.popen is not None else None
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
     def kill(self) -> None:
         self.wanted = False
-        if self.alive():
-            assert self.popen is not None
-            self.popen.kill()
-            self.popen.wait()
+        super().kill()
 
-    def stop(self, timeout_s: float = 20) -> None:
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20) -> None:
         self.wanted = False
-        if self.popen is None or self.popen.poll() is not None:
-            return
-        self.popen.terminate()
-        try:
-            self.popen.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+        super().stop(sig, timeout_s)
 
     def log_tail(self, lines: int = 12) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return super().log_tail(lines)
 
 
 @dataclass

@@ -11,8 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -22,19 +20,19 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from handlers.processes import Child
 from streams.kafka_local import free_port
-from tests.integration.test_kafka_roundtrip import create_topic
+from tests.support.kafka import create_topic
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class ProbeWorker:
+class ProbeWorker(Child):
+    """The probe app's Faust worker (`faust_probe_app.py`) as a child process, its log beside its data dir."""
+
     def __init__(self, bootstrap: str, app_id: str, data_dir: Path) -> None:
         self.bootstrap, self.app_id, self.data_dir = bootstrap, app_id, data_dir
         self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
         env = dict(
             os.environ,
             PROBE_BOOTSTRAP=self.bootstrap,
@@ -42,26 +40,24 @@ class ProbeWorker:
             PROBE_DATA_DIR=str(self.data_dir),
             PROBE_WEB_PORT=str(self.port),
         )
-        self.log = (self.data_dir.parent / f"{self.app_id}.log").open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.faust_probe_app", "worker", "-l", "warn"],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+        log_path = data_dir.parent / f"{app_id}.log"
+        super().__init__(
+            "probe worker",
+            ["worker", "-l", "warn"],
+            env,
+            log_path,
+            cwd=ROOT,
+            append=True,
+            new_session=False,
+            module="tests.integration.faust_probe_app",
         )
 
     def get(self, path: str) -> Any:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2) as response:
             return json.loads(response.read())
 
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self.process:
-            self.log.close()
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:
+        super().stop(sig, timeout_s)
 
 
 def wait_for_table(worker: ProbeWorker, expected: dict[str, Any], deadline_s: float = 90) -> None:
@@ -69,7 +65,7 @@ def wait_for_table(worker: ProbeWorker, expected: dict[str, Any], deadline_s: fl
     deadline = time.monotonic() + deadline_s
     seen: Any = None
     while time.monotonic() < deadline:
-        assert worker.process is not None and worker.process.poll() is None, "worker exited"
+        assert worker.alive(), "worker exited"
         try:
             if worker.get("/ready")["ready"]:
                 seen = {k: {"count": v["count"], "last": v["last"]} for k, v in worker.get("/table").items()}
