@@ -22,6 +22,7 @@ from projections.webhook import sign
 from schemas.config import Secrets, Settings, parse_config
 from schemas.records import Transition, WebhookReceived
 from tests.support.kafka import partition_count, read_topic
+from tests.support.waiting import within
 
 SECRETS = {1: "whsec-one", 2: "whsec-two"}
 SETTINGS = Settings(
@@ -234,13 +235,11 @@ async def test_unreachable_kafka_is_a_quick_500_and_recovery_is_a_200(kafka_boot
     port = free_port()  # nothing listens here yet: Kafka is "down"
     async with open_door(f"127.0.0.1:{port}", topic) as door:
         message = incoming()
-        started = time.monotonic()
-        assert await door.post(message, headers_for(message, delivery="while-down")) == (
-            500,
-            "internal error",
-        )
-        elapsed = time.monotonic() - started
-        assert elapsed < DEFAULT_PRODUCE_TIMEOUT_S + 0.5, f"500 took {elapsed:.2f} s"
+        async with within(DEFAULT_PRODUCE_TIMEOUT_S + 0.5, "a 500 while Kafka is unreachable"):
+            assert await door.post(message, headers_for(message, delivery="while-down")) == (
+                500,
+                "internal error",
+            )
         async with forwarder(port, kafka_bootstrap):  # Kafka is back
             assert await door.post(message, headers_for(message, delivery="after")) == (200, '{"ok":true}')
     records = await read_topic(kafka_bootstrap, topic)
@@ -258,10 +257,8 @@ async def test_broker_outage_after_connecting_is_500_then_200_when_it_returns(tm
             message = incoming()
             assert await door.post(message, headers_for(message, delivery="before")) == (200, '{"ok":true}')
             await asyncio.to_thread(broker.stop)
-            started = time.monotonic()
-            assert await door.post(message, headers_for(message, delivery="down")) == (500, "internal error")
-            elapsed = time.monotonic() - started
-            assert elapsed < DEFAULT_PRODUCE_TIMEOUT_S + 0.5, f"500 took {elapsed:.2f} s"
+            async with within(DEFAULT_PRODUCE_TIMEOUT_S + 0.5, "a 500 once the broker is gone"):
+                assert await door.post(message, headers_for(message, delivery="down")) == (500, "internal error")
             broker = await asyncio.to_thread(start_broker, broker.port, broker.data_dir)
             deadline = time.monotonic() + 30
             attempt = 0
@@ -278,7 +275,7 @@ async def test_broker_outage_after_connecting_is_500_then_200_when_it_returns(tm
         # same delivery, and the router's job merge makes that duplicate harmless.
         sent = {"before", "down", *(f"after-{n}" for n in range(1, attempt + 1))}
         assert set(delivered) <= sent and len(delivered) == len(set(delivered))
-        print(f"outage: 500 after {elapsed:.2f} s; 200 again on attempt {attempt}; records {delivered}")
+        print(f"outage: 200 again on attempt {attempt}; records {delivered}")
     finally:
         await asyncio.to_thread(broker.stop)
 
