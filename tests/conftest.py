@@ -2,7 +2,8 @@
 
 The broker is `KAFKA_BOOTSTRAP_SERVERS` when set, else testcontainers' Kafka when a Docker engine answers, else
 a local Apache Kafka 4.x started by `streams.kafka_local` (DESIGN §10). Each test isolates itself by app id,
-which prefixes its topics and names its consumer group.
+which prefixes its topics and names its consumer group. Every test gets the marker of its directory (unit,
+integration, e2e); the helpers the tests share are in `tests/support/`.
 """
 
 from __future__ import annotations
