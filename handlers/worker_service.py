@@ -78,7 +78,6 @@ class WorkerTables:
 
     states: Table
     sweep_states: Table
-    timers: Table
     effect_attempts: Table
     partition_configs: Table
 
@@ -96,6 +95,7 @@ class WorkerService:
         own_document: ConfigDocument,
         load_book: BookLoader,
         reader: GapReader,
+        partitions: int,
         lanes: Lanes | None = None,
         metrics: WorkerMetrics | None = None,
         now_ms: Callable[[], int] = wall_clock_ms,
@@ -113,7 +113,7 @@ class WorkerService:
         self.now_ms = now_ms
         # tells this process's commands from those of a dead or departed one
         self.instance_id = instance_id or uuid.uuid4().hex
-        self.timers = Timers(tables.timers, self.instance_id)
+        self.timers = Timers(tables.states, tables.sweep_states, partitions)
         self.offsets = OffsetTracker()
         self._handlers: dict[str, Handler] = {
             "router": self.on_conversation_record,
@@ -254,7 +254,7 @@ class WorkerService:
         step = step_of(stored, event, self.document_in_force(source, record.partition), record.offset)
         # A redelivered record (already applied) re-writes the state it finds: after a SIGKILL the local store can
         # hold a value whose changelog record never left, and the changelog must get it before the offset moves
-        # past this record (docs/consumer-gaps.md §2).
+        # past this record (docs/consumer-gaps.md §2). The key's due time is part of that state.
         redelivered = not step.changed and stored is not None
         if step.changed:
             table.set(key, step.state.model_dump(mode="json"))
@@ -266,14 +266,7 @@ class WorkerService:
         await self.send_commands(step.commands)
         for found in step.found:
             await self.send("conversations", found.key, found)
-        self.timers.set(
-            record.partition,
-            key,
-            step.wakeup_ms,
-            waiting=step.waiting,
-            issued=bool(step.commands),
-            rewrite=redelivered,
-        )
+        self.timers.set(record.partition, key, step.wakeup_ms, waiting=step.waiting, issued=bool(step.commands))
         for outcome in step.outcomes:
             report_turn(self.metrics, outcome)
 

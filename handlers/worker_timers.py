@@ -1,82 +1,95 @@
-"""Durable timers (DESIGN §7): the `timers` table, its in-memory index and the runs resumed after a takeover.
+"""Durable timers (DESIGN §7), derived from the state: the in-memory index and the runs resumed after a takeover.
 
-The agent that folds a key writes the key's next due time to the table (changelog-backed, so a due time
-outlives any process); `TimerIndex` mirrors the owned partitions in memory and is rebuilt from the table after
-every rebalance. A run that waits for an outcome is marked with the id of the process that issued the awaited
-command: a process that finds such an entry in a partition it has just taken over resumes the run at once.
+A key's next due time is part of its folded state (`wakeup_of`: the pending command's deadline, else the job's
+due time; `sweep_wakeup` for a sweep), and the state tables are changelog-backed, so a due time outlives any
+process without a table of its own. `TimerIndex` mirrors the owned partitions in memory: each fold step sets
+its key's due time, and after every rebalance the index is rebuilt by reading the owned partitions' states
+(a key's partition is the one Kafka's default partitioner gives its bytes, as for every record of the key).
+
+A run that waits for the outcome of a command this process did not issue (it died with another process, or with
+this one before a restart) is resumed at once when its partition is newly owned, instead of at its deadline.
+Which runs wait on this process's own commands is kept in memory: those commands are still in its lanes.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+
+from aiokafka.partitioner import murmur2
+from pydantic import ValidationError
 
 from handlers.worker_ports import Table
+from projections.fold import wakeup_of
+from projections.sweep import sweep_wakeup
 from projections.timer_index import TimerIndex
-from schemas.keys import is_conversation_key
-from schemas.state import TimerEntry
+from schemas.state import ConversationState, SweepState
 
 log = logging.getLogger("chatwoot_router.worker")
 
 
-class Timers:
-    """The table of due times and its index, for the partitions this process owns."""
+def partition_of_key(key: str, partitions: int) -> int:
+    """The partition Kafka's default partitioner (murmur2, as the Java client) gives a record keyed `key`."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
-    def __init__(self, table: Table, instance_id: str) -> None:
-        self.table = table
-        self.instance_id = instance_id
+
+class Timers:
+    """Due times of the keys in the partitions this process owns, and the runs waiting on its own commands."""
+
+    def __init__(self, states: Table, sweep_states: Table, partitions: int) -> None:
+        self.states = states
+        self.sweep_states = sweep_states
+        self.partition_of: Callable[[str], int] = lambda key: partition_of_key(key, partitions)
         self.index = TimerIndex()
+        self.waiting_here: set[str] = set()  # keys whose run waits for a command this process issued
         self._generation: int | None = None
         self._partitions: frozenset[int] = frozenset()
 
-    def set(
-        self,
-        partition: int,
-        key: str,
-        due_ms: int | None,
-        *,
-        waiting: bool = False,
-        issued: bool = False,
-        rewrite: bool = False,
-    ) -> None:
-        """Record the key's next due time in the table and the index.
-
-        A waiting run is marked with the issuer of the awaited command (this process when it `issued` it now).
-        `rewrite` writes the entry even when the store already holds it: a redelivered record, whose changelog
-        record may never have left a killed process (docs/consumer-gaps.md §2).
-        """
-        stored = self.table.get(key)
-        by = None
-        if waiting:
-            issuer = stored.get("waiting_by") if isinstance(stored, dict) else None
-            by = self.instance_id if issued or issuer is None else issuer
-        entry = None if due_ms is None else TimerEntry(due=due_ms, p=partition, waiting_by=by).model_dump()
-        if entry is not None and (entry != stored or rewrite):
-            self.table.set(key, entry)
-        elif entry is None and stored is not None:
-            self.table.delete(key)
+    def set(self, partition: int, key: str, due_ms: int | None, *, waiting: bool = False, issued: bool = False) -> None:
+        """A fold step's result for `key`: its next due time, and whether its run now waits on this process."""
+        if not waiting:
+            self.waiting_here.discard(key)
+        elif issued:
+            self.waiting_here.add(key)
         self.index.set(partition, key, due_ms)
 
     def refresh(self, owned: frozenset[int], generation: int | None) -> list[tuple[str, int]]:
-        """Rebuild the index from the table when the assignment changed (partitions moved, state recovered).
+        """Rebuild the index from the owned partitions' states when the assignment changed.
 
         Returns the conversations of newly owned partitions whose run waits for the outcome of a command another
-        process issued: it may have died with that process, so they are resumed now rather than at their
-        deadline. This process's own commands are still in its lanes and are never resumed.
+        process issued (or this one, before it restarted): they are resumed now rather than at their deadline.
         """
         if generation == self._generation and owned == self._partitions:
             return []
         new = owned - self._partitions
-        entries, resume = [], []
-        for key, value in self.table.items():
+        entries: list[tuple[int, str, int]] = []
+        resume: list[tuple[str, int]] = []
+        self.waiting_here = {key for key in self.waiting_here if self.partition_of(key) in owned and key}
+        for key, value in self.states.items():
+            partition = self.partition_of(key)
+            if partition not in owned or value is None:
+                continue
             try:
-                entry = TimerEntry.model_validate(value)
-            except ValueError:
+                state = ConversationState.model_validate(value)
+            except ValidationError:
                 continue
-            if entry.p not in owned:
+            due = wakeup_of(state)
+            if due is None:
                 continue
-            entries.append((entry.p, key, entry.due))
-            if entry.waiting_by not in (None, self.instance_id) and entry.p in new and is_conversation_key(key):
-                resume.append((key, entry.due))
+            entries.append((partition, key, due))
+            waiting = state.run is not None and state.run.pending is not None
+            if waiting and partition in new and key not in self.waiting_here:
+                resume.append((key, due))
+        for key, value in self.sweep_states.items():
+            partition = self.partition_of(key)
+            if partition not in owned or value is None:
+                continue
+            try:
+                due = sweep_wakeup(SweepState.model_validate(value))
+            except ValidationError:
+                continue
+            if due is not None:
+                entries.append((partition, key, due))
         self.index.rebuild(entries)
         self._generation, self._partitions = generation, owned
         counts = {"timers": len(entries), "resumed": len(resume), "partitions": sorted(owned)}

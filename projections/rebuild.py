@@ -1,10 +1,10 @@
 """Rebuilding the router's tables from its event log with the current fold (DESIGN §8 `replay state`).
 
 Pure: it is fed the records of `<app>.conversations` and `<app>.sweeps` (each partition in offset order) and
-gives the table values a worker would hold after folding them: conversation and sweep states, the timers index
-and the configuration version of each partition. No effect is executed and no command is kept: the rebuilt
-state is what a worker starts from, and a run that was waiting for an outcome is marked for resumption
-(`waiting_by`), so the new owner re-issues its read or idempotent mutation (never a reply) at once.
+gives the table values a worker would hold after folding them: conversation and sweep states (their due times
+included) and the configuration version of each partition. No effect is executed and no command is kept: the
+rebuilt state is what a worker starts from; a run that was waiting for an outcome was issued by no live
+process, so the first worker resumes it at once (its read or idempotent mutation, never a reply).
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from projections.fold import fold_under, wakeup_of
-from projections.sweep import SweepEvent, fold_sweep, sweep_wakeup
+from projections.fold import fold_under
+from projections.sweep import SweepEvent, fold_sweep
 from schemas.configs import ConfigBook
 from schemas.keys import parse_partition_slot, partition_slot
 from schemas.records import ConversationEvent, parse_marker
-from schemas.state import ConversationState, SweepState, TimerEntry
+from schemas.state import ConversationState, SweepState
 
-REBUILT_BY = "replay-state"
 _CONVERSATION: TypeAdapter[ConversationEvent] = TypeAdapter(ConversationEvent)
 _SWEEP: TypeAdapter[SweepEvent] = TypeAdapter(SweepEvent)
 
@@ -83,24 +82,11 @@ class TableBuilder:
 
     def tables(self) -> dict[str, dict[str, tuple[int, Any]]]:
         """Table name -> key -> (partition, JSON value), as the worker's tables hold them."""
-        timers: dict[str, tuple[int, Any]] = {}
-        for key, state in self.states.items():
-            due = wakeup_of(state)
-            if due is not None:
-                waiting = state.run is not None and state.run.pending is not None
-                entry = TimerEntry(due=due, p=self.partition_of[key], waiting_by=REBUILT_BY if waiting else None)
-                timers[key] = (entry.p, entry.model_dump())
-        for key, sweep in self.sweep_states.items():
-            due = sweep_wakeup(sweep)
-            if due is not None:
-                entry = TimerEntry(due=due, p=self.partition_of[key])
-                timers[key] = (entry.p, entry.model_dump())
         versions = {slot: (parse_partition_slot(slot)[1], version) for slot, version in self.versions.items()}
         return {
             "conversation_state": {
                 k: (self.partition_of[k], s.model_dump(mode="json")) for k, s in self.states.items()
             },
             "sweep_state": {k: (self.partition_of[k], s.model_dump(mode="json")) for k, s in self.sweep_states.items()},
-            "timers": timers,
             "partition_configs": versions,
         }

@@ -1,6 +1,6 @@
 """The in-memory side of the durable timers (DESIGN §7): per-partition min-heaps of due times.
 
-The durable copy is the worker's `timers` table (key -> due ms); this index mirrors the entries of the
+The durable copy is each key's folded state (its due time is part of it); this index mirrors the due times of the
 partitions the worker owns, so a once-a-second tick costs what is due, not what is stored. It is rebuilt
 from the table after every recovery and loses a partition's heap when that partition is revoked.
 

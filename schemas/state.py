@@ -157,17 +157,3 @@ class SweepState(_State):
     deadline_ms: int | None = None
     running_version: int | None = Field(default=None, description="the job version the pending page runs for")
     pages: int = Field(default=0, description="page commands issued so far (the command id sequence)")
-
-
-class TimerEntry(BaseModel):
-    """A key's next due time in the `timers` table (DESIGN §7), with the partition that owns the key.
-
-    `waiting_by` names the process that issued the command a run waits for: another process that finds the
-    entry after a takeover (or this one restarted) resumes the run at once instead of at its deadline.
-    """
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    due: int
-    p: int
-    waiting_by: str | None = None

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from projections.fold import fold
+from schemas.codec import decode_conversation_event
 from schemas.config import load_config_file
 from schemas.state import ConversationState
-from schemas.codec import decode_conversation_event
 from tests.support.kafka import read_all
 from tests.support.stack import RETRY_BASE_MS, Stack, bot_messages
 from tests.support.waiting import wait_until

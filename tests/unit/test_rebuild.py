@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from projections.rebuild import REBUILT_BY, TableBuilder
+from projections.fold import wakeup_of
+from projections.rebuild import TableBuilder
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.records import ConfigApplied
+from schemas.state import ConversationState
 from tests.unit.test_fold_driver import ACCOUNT, CONV, Driver, incoming
 
 
@@ -24,7 +26,7 @@ def test_the_rebuilt_state_is_the_fold_of_the_log_with_its_timer_and_version() -
     partition, state = tables["conversation_state"][key]
     assert partition == 3
     assert state == driver.state.model_copy(update={"config_version": document.version}).model_dump(mode="json")
-    timer_partition, timer = tables["timers"][key]
-    assert timer_partition == 3 and timer == {"due": driver.wakeup, "p": 3, "waiting_by": REBUILT_BY}
+    assert wakeup_of(ConversationState.model_validate(state)) == driver.wakeup  # the due time is in the state
+    assert set(tables) == {"conversation_state", "sweep_state", "partition_configs"}
     assert tables["partition_configs"] == {"conversations:3": (3, document.version)}
     assert builder.runs_in_flight() == 1 and builder.undecodable == 1

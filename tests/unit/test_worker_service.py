@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from handlers.lanes import Lanes
 from handlers.worker_ports import MemorySink, MemoryTable, SourceRecord
 from handlers.worker_service import WorkerService, WorkerTables
+from projections.fold import wakeup_of
 from schemas.codec import decode_command
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.records import EffectCommand, EffectOutcome, TimerFired, WebhookReceived
-from schemas.state import ConversationState, TimerEntry
+from schemas.state import ConversationState
 from tests.unit.test_fold_driver import ACCOUNT, CONV, T0, FakeChatwoot, decision, incoming, make_config
 
 KEY = f"{ACCOUNT}:{CONV}"
@@ -70,7 +71,7 @@ class Bus:
 
 
 def new_tables() -> WorkerTables:
-    return WorkerTables(MemoryTable(), MemoryTable(), MemoryTable(), MemoryTable(), MemoryTable())
+    return WorkerTables(MemoryTable(), MemoryTable(), MemoryTable(), MemoryTable())
 
 
 def new_service(tables: WorkerTables, chatwoot: FakeChatwoot, config: RouterConfig | None = None) -> WorkerService:
@@ -91,6 +92,7 @@ def new_service(tables: WorkerTables, chatwoot: FakeChatwoot, config: RouterConf
         own_document=document,
         load_book=no_book,
         reader=NoGaps(),
+        partitions=1,  # every key in partition 0, like the Bus
         lanes=Lanes(),
         now_ms=lambda: T0,
     )
@@ -143,7 +145,7 @@ async def test_a_webhook_is_routed_to_its_owner_through_the_service() -> None:
     await run_until_quiet(service, bus)
     assert chatwoot.ops()[-1] == "assign" and chatwoot.conversation.assignee_id == 7
     assert state(tables).run is None and state(tables).job is None
-    assert tables.timers.get(KEY) is None  # nothing due any more
+    assert wakeup_of(state(tables)) is None and service.timers.pending() == 0  # nothing due any more
 
 
 async def test_a_reply_command_delivered_again_after_a_restart_is_never_sent_twice() -> None:
@@ -188,22 +190,20 @@ async def test_a_takeover_resumes_a_run_whose_command_another_process_issued() -
     webhook(bus)
     await deliver(dead, bus, bus.records("conversations")[0])  # folded; its first command is never executed
     bus.delivered["conversations"] = 1
-    entry = TimerEntry.model_validate(tables.timers.get(KEY))
-    assert entry.waiting_by == dead.instance_id
+    due = wakeup_of(state(tables))
+    assert due is not None and state(tables).run is not None and state(tables).run.pending is not None
 
-    heir = new_service(tables, chatwoot)
+    heir = new_service(tables, chatwoot)  # the partition's new owner (or this process restarted)
     await heir.fire_due_timers(frozenset({0}), generation=2)
     assert isinstance(heir.sink, MemorySink)
     fired = [TimerFired.model_validate_json(s.value) for s in heir.sink.on("conversations")]
-    assert [(f.key, f.resume, f.due_ms) for f in fired] == [(KEY, True, entry.due)]
+    assert [(f.key, f.resume, f.due_ms) for f in fired] == [(KEY, True, due)]
     assert heir.metrics.runs_resumed._value.get() == 1
+    assert heir.timers.pending() == 1  # the index was rebuilt from the state table
 
     # the process that issued the command itself is not resumed: its command is still in its lanes
-    again = new_service(tables, chatwoot)
-    again.instance_id = dead.instance_id
-    again.timers.instance_id = dead.instance_id
-    await again.fire_due_timers(frozenset({0}), generation=2)
-    assert isinstance(again.sink, MemorySink) and again.sink.on("conversations") == []
+    await dead.fire_due_timers(frozenset({0}), generation=2)
+    assert isinstance(dead.sink, MemorySink) and dead.sink.on("conversations") == []
 
 
 async def test_an_undecodable_record_goes_to_the_dlq_and_the_partition_goes_on() -> None:
@@ -228,19 +228,32 @@ async def test_an_undecodable_record_goes_to_the_dlq_and_the_partition_goes_on()
     assert service.metrics.dlq.labels("conversations")._value.get() == 1
 
 
-async def test_a_redelivered_record_rewrites_the_state_and_timer_it_finds() -> None:
-    """After a SIGKILL the local store can be ahead of its changelog: a redelivered record writes them again."""
+async def test_a_redelivered_record_rewrites_the_state_it_finds() -> None:
+    """After a SIGKILL the local store can be ahead of its changelog: a redelivered record writes it again."""
     chatwoot = FakeChatwoot(messages=[incoming(1, "I was charged twice")])
     tables, bus = new_tables(), Bus()
     service = new_service(tables, chatwoot)
     record = webhook(bus)
     await deliver(service, bus, record)
-    states, timers = tables.states, tables.timers
-    assert isinstance(states, MemoryTable) and isinstance(timers, MemoryTable)
-    before = (states.writes, timers.writes, states.get(KEY), timers.get(KEY))
+    states = tables.states
+    assert isinstance(states, MemoryTable)
+    writes, stored = states.writes, states.get(KEY)
 
     restarted = new_service(tables, chatwoot)  # the offset was never committed: the record comes again
     await deliver(restarted, bus, record)
-    assert (states.writes, timers.writes) == (before[0] + 1, before[1] + 1)
-    assert (states.get(KEY), timers.get(KEY)) == (before[2], before[3])  # the same values, written again
+    assert states.writes == writes + 1 and states.get(KEY) == stored  # the same value, written again
+    assert restarted.timers.index.due_of(KEY) == wakeup_of(state(tables))  # and its due time indexed
     assert [decode_command(r.value).op for r in bus.records("effects")] == ["get_conversation"]  # no new command
+
+
+def test_a_keys_partition_is_the_one_kafkas_default_partitioner_gives_it() -> None:
+    """The timer index finds a state's partition from its key, as the producers placed the key's records."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    from handlers.worker_timers import partition_of_key
+
+    partitioner = DefaultPartitioner()
+    for key in ("1:2", "1:open", "7:123456", "42:pending"):
+        for partitions in (1, 4, 12):
+            every = list(range(partitions))
+            assert partition_of_key(key, partitions) == partitioner(key.encode(), every, every)
