@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, cast
 
 import faust
@@ -36,11 +36,12 @@ from handlers.kafka_topics import TABLES
 from handlers.lanes import Lanes
 from handlers.partition_reader import PartitionReader
 from handlers.worker_metrics import WorkerMetrics
-from handlers.worker_ports import Executor, Headers, SourceRecord
+from handlers.worker_ports import Executor
 from handlers.worker_service import WorkerService, WorkerTables, wall_clock_ms
 from projections.offsets import TailWatch
 from schemas.config import Settings
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
+from streams.worker.adapters import FaustSink, FaustTable, source_record
 from streams.worker.env import WorkerEnv
 from streams.worker.transport import broker_urls
 
@@ -52,45 +53,6 @@ SHUTDOWN_DRAIN_S = 5.0
 REVOKE_DRAIN_S = 5.0
 SESSION_TIMEOUT_S = 15.0
 SOURCES = ("conversations", "effects", "sweeps")
-
-
-class FaustTable:
-    """A Faust table behind `handlers.worker_ports.Table` (keys are text; Faust may hand them back as bytes)."""
-
-    def __init__(self, table: Any) -> None:
-        self.table = table
-
-    def get(self, key: str) -> Any | None:
-        return self.table.get(key)
-
-    def set(self, key: str, value: Any) -> None:
-        self.table[key] = value
-
-    def delete(self, key: str) -> None:
-        del self.table[key]
-
-    def items(self) -> Iterator[tuple[str, Any]]:
-        for key, value in self.table.items():
-            yield (key.decode() if isinstance(key, bytes) else str(key)), value
-
-
-class FaustSink:
-    """The app's topics behind `handlers.worker_ports.Sink`; `flush` also flushes the tables' changelog writes."""
-
-    def __init__(self, app: faust.App, topics: dict[str, Any]) -> None:
-        self.app = app
-        self.topics = topics
-
-    async def send(self, topic: str, key: str, value: bytes, headers: Headers | None = None) -> None:
-        await self.topics[topic].send(key=key.encode(), value=value, headers=headers)
-
-    async def flush(self) -> None:
-        await self.app.producer.flush()
-
-
-def source_record(event: Any) -> SourceRecord:
-    message = event.message
-    return SourceRecord(message.topic, message.partition, message.offset, event.key, event.value)
 
 
 class WorkerApp:
