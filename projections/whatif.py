@@ -32,10 +32,11 @@ from typing import Any, Literal
 from pydantic import TypeAdapter, ValidationError
 
 from projections.fold import Event, fold_under
-from projections.jev import Decision, JevError, asked_options, build_request, encode_request, read_decision
+from projections.jev import JevError, asked_options, build_request, encode_request, read_decision
 from schemas.chatwoot import MessageType
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument
+from schemas.decision import Decision
 from schemas.keys import conversation_key_of, run_of_command
 from schemas.records import (
     AgentsResult,
