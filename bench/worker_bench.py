@@ -13,6 +13,9 @@ with the sandbox answering every Chatwoot call after 20 ms and System One after 
 2. isolation: the same, with the *first* conversation's System One call taking 30 s; the others' p99 must
    stay within 1.5x the baseline (a slow call delays only its own conversation, DESIGN §7).
 
+`latency`: N conversations one after another on an idle stack; p50/p99 of webhook -> turn end (of which the
+simulated answers are 15 x 20 ms + 200 ms).
+
 `scale`: the same burst on one worker, then on two (a second `worker` with its own ROUTER_DATA_DIR and web
 port, same ROUTER_APP_ID, posted to only once both are healthy and own disjoint halves of the partitions),
 then on one again after the second has left. Ratios are taken against the one-worker runs of the same
@@ -175,9 +178,17 @@ def run_batch(stack: Stack, count: int, slow_first: bool, workers: list[Process]
     logs = [w.log_path for w in (workers or [stack.worker])]
     ids = [stack.new_conversation() for _ in range(count)]
     sent: dict[str, float] = {}
-    for conversation in ids:
+    asked_before = len(stack.state()["systemone_calls"])
+    for n, conversation in enumerate(ids):
         sent[f"1:{conversation}"] = time.time()
         stack.customer_says(1, conversation, QUESTION)
+        if slow_first and n == 0:
+            # the slow rule delays whichever System One call arrives first: make sure it is this conversation's,
+            # then send the others while it is in flight
+            def slow_call_arrived() -> bool:
+                return len(stack.state()["systemone_calls"]) > asked_before
+
+            wait_until("the slow System One call", slow_call_arrived, 60, 0.05)
     others = [f"1:{c}" for c in (ids[1:] if slow_first else ids)]
     # every run ends somewhere; one that is not assigned (a handoff) is counted, not waited for forever
     wait_until("every turn to end", lambda: set(others) <= set(final_turns(logs)), 600, 0.5)
@@ -217,12 +228,46 @@ def per_conversation(spent: dict[str, float], count: int) -> str:
     return ", ".join(f"{name} {1000 * seconds / count:.1f}" for name, seconds in spent.items() if name != "wall_s")
 
 
+async def _records_by_topic(bootstrap: str, app_id: str) -> dict[str, int]:
+    """Records written so far to each of the app's topics and table changelogs (sum of end offsets)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from handlers.kafka_io import topic_partitions
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        topics = [t for t in await consumer.topics() if t.startswith((f"{app_id}.", f"{app_id}-"))]
+        partitions: list[TopicPartition] = []
+        for topic in topics:
+            partitions.extend(await topic_partitions(bootstrap, topic))
+        ends = await consumer.end_offsets(partitions)
+    finally:
+        await consumer.stop()
+    written: dict[str, int] = {}
+    for tp, end in ends.items():
+        name = tp.topic.removeprefix(f"{app_id}.").removeprefix(f"{app_id}-")
+        written[name] = written.get(name, 0) + end
+    return written
+
+
+def records_by_topic(stack: Stack) -> dict[str, int]:
+    import asyncio
+
+    return asyncio.run(_records_by_topic(stack.env["KAFKA_BOOTSTRAP_SERVERS"], stack.env["ROUTER_APP_ID"]))
+
+
 def run_isolation(stack: Stack, count: int) -> None:
     standing_faults(stack)
     meter = CpuMeter(process_groups(stack))
+    written_before = records_by_topic(stack)
     meter.start()
     base = run_batch(stack, count, slow_first=False)
     print(f"baseline CPU ms per conversation: {per_conversation(meter.stop(), count)}", flush=True)
+    written_after = records_by_topic(stack)
+    grew = {t: n - written_before.get(t, 0) for t, n in written_after.items() if n > written_before.get(t, 0)}
+    by_topic = ", ".join(f"{t} {n / count:.1f}" for t, n in sorted(grew.items()))
+    print(f"records written per conversation: {sum(grew.values()) / count:.1f} ({by_topic})", flush=True)
     # the 30 s rule must be found first: put it in front of the standing 200 ms rule
     stack.clear_faults()
     stack.fault(op="systemone", mode="delay", delay_ms=30_000, times=1)
@@ -337,11 +382,30 @@ def run_scale(stack: Stack, count: int, tmp: Path, kafka_pid: int | None) -> Non
     )
 
 
+def run_latency(stack: Stack, count: int) -> None:
+    """One conversation at a time on an idle stack: webhook -> turn end, and the router's share of it."""
+    standing_faults(stack)
+    logs = [stack.worker.log_path]
+    latencies = []
+    for _ in range(count):
+        conversation = stack.new_conversation()
+        key = f"1:{conversation}"
+        sent = time.time()
+        stack.customer_says(1, conversation, QUESTION)
+        wait_until("the turn to end", lambda key=key: key in final_turns(logs), 60, 0.02)
+        latencies.append(final_turns(logs)[key][0] - sent)
+    p50, p99 = statistics.median(latencies), percentile(latencies, 0.99)
+    print(
+        f"sequential: {count} conversations, webhook -> turn end p50 {1000 * p50:.0f} ms, p99 {1000 * p99:.0f} ms",
+        flush=True,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--conversations", type=int, default=100)
-    parser.add_argument("--mode", choices=("isolation", "scale"), default="isolation")
+    parser.add_argument("--mode", choices=("isolation", "scale", "latency"), default="isolation")
     parser.add_argument("--kafka-pid", type=int, help="pid of `chatwoot-router kafka`, to count the broker's CPU")
     parser.add_argument("--keep", help="keep the processes' logs and state in this directory")
     args = parser.parse_args()
@@ -358,6 +422,8 @@ def main() -> int:
         try:
             if args.mode == "isolation":
                 run_isolation(stack, args.conversations)
+            elif args.mode == "latency":
+                run_latency(stack, args.conversations)
             else:
                 run_scale(stack, args.conversations, tmp, args.kafka_pid)
         finally:
