@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pydantic import TypeAdapter, ValidationError
 
 from projections.fold import DEFAULT_RETRY_BASE_MS, fold
+from projections.versions import PartitionVersions
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook
 from schemas.decision import Decision
@@ -30,7 +31,6 @@ from schemas.records import (
     ToggleStatus,
     TurnOutcome,
     WebhookReceived,
-    parse_marker,
 )
 from schemas.state import ConversationState
 
@@ -151,19 +151,14 @@ class LogReplay:
         self.book = book if book is not None and len(book) else None
         if self.config is None and self.book is None:
             raise ValueError("a replay needs a configuration or the applied configuration versions")
-        self.partition_versions: dict[int, str] = {}
+        self.versions = PartitionVersions(self.book or ConfigBook())
         self.trails: dict[str, ConversationTrail] = {}
         self.undecodable = 0
-        self.markers = 0
 
     def feed(self, value: bytes | None, offset: int, partition: int = 0) -> None:
         """Apply one record of `partition`; one that is not a conversation event is counted, as the worker
         dead-letters it; a `ConfigApplied` marker switches the partition's configuration."""
-        marker = parse_marker(value)
-        if marker is not None:
-            self.markers += 1
-            if self.book is not None and marker.version in self.book:
-                self.partition_versions[partition] = marker.version
+        if self.versions.switch(value, partition):
             return
         try:
             event = _EVENT.validate_json(value or b"")
@@ -171,7 +166,7 @@ class LogReplay:
             self.undecodable += 1
             return
         trail = self.trails.setdefault(event.key, ConversationTrail(key=event.key))
-        document = self.book.in_force(self.partition_versions.get(partition)) if self.book is not None else None
+        document = self.versions.document(partition)
         if document is None:
             assert self.config is not None
             trail.apply(event, offset, self.config, retry_base_ms=self.retry_base_ms)

@@ -26,6 +26,7 @@ from pydantic import TypeAdapter, ValidationError
 from projections.audit import describe_outcome
 from projections.fold import DEFAULT_RETRY_BASE_MS, Event, fold, wakeup_of
 from projections.inputs import build_input
+from projections.versions import PartitionVersions
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.decision import Decision
@@ -423,11 +424,10 @@ class ConsoleModel:
         if config is None and not len(self.book):
             raise ValueError("the console needs a configuration or the applied configuration versions")
         self.only_key = only_key
-        self.partition_versions: dict[int, str] = {}
+        self.versions = PartitionVersions(self.book)
         self.timelines: dict[str, ConversationTimeline] = {}
         self.records = 0
         self.undecodable = 0
-        self.markers = 0
         self.results: Counter[str] = Counter()
         self.by_hour: dict[int, Counter[str]] = {}
         self.handoff_reasons: Counter[str] = Counter()
@@ -450,7 +450,7 @@ class ConsoleModel:
 
     def in_force(self, partition: int) -> ConfigDocument:
         """The document a partition's next record is folded under, as the worker does (DESIGN §8)."""
-        document = self.book.in_force(self.partition_versions.get(partition))
+        document = self.versions.document(partition)
         if document is not None:
             return document
         assert self.config is not None
@@ -461,11 +461,7 @@ class ConsoleModel:
 
         A `ConfigApplied` marker switches its partition's configuration; a record that is not a conversation
         event is counted, as the worker dead-letters it."""
-        marker = parse_marker(value)
-        if marker is not None:
-            self.markers += 1
-            if marker.version in self.book:
-                self.partition_versions[partition] = marker.version
+        if self.versions.switch(value, partition):
             self.version += 1
             return None
         if self.only_key is not None and key is not None and key != self.only_key.encode():

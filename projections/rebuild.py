@@ -16,9 +16,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from projections.fold import fold_under
 from projections.sweep import SweepEvent, fold_sweep
+from projections.versions import PartitionVersions
 from schemas.configs import ConfigBook
-from schemas.keys import parse_partition_slot, partition_slot
-from schemas.records import ConversationEvent, parse_marker
+from schemas.keys import parse_partition_slot
+from schemas.records import ConversationEvent
 from schemas.state import ConversationState, SweepState
 
 _CONVERSATION: TypeAdapter[ConversationEvent] = TypeAdapter(ConversationEvent)
@@ -33,20 +34,23 @@ class TableBuilder:
     states: dict[str, ConversationState] = field(default_factory=dict)
     sweep_states: dict[str, SweepState] = field(default_factory=dict)
     partition_of: dict[str, int] = field(default_factory=dict)
-    versions: dict[str, str] = field(default_factory=dict)  # "conversations:<p>" -> version
     records: int = 0
     undecodable: int = 0
+    switches: PartitionVersions = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.switches = PartitionVersions(self.book)
 
     def feed_conversation(self, value: bytes | None, partition: int, offset: int) -> None:
         self.records += 1
-        if self._switch("conversations", partition, value):
+        if self.switches.switch(value, partition, "conversations"):
             return
         try:
             event = _CONVERSATION.validate_json(value or b"")
         except ValidationError:
             self.undecodable += 1
             return
-        document = self.book.in_force(self.versions.get(partition_slot("conversations", partition)))
+        document = self.switches.document(partition, "conversations")
         assert document is not None, "a book with at least one version"
         state = self.states.get(event.key, ConversationState())
         result = fold_under(document, state, event, offset)
@@ -55,34 +59,26 @@ class TableBuilder:
 
     def feed_sweep(self, value: bytes | None, partition: int, offset: int) -> None:
         self.records += 1
-        if self._switch("sweeps", partition, value):
+        if self.switches.switch(value, partition, "sweeps"):
             return
         try:
             event = _SWEEP.validate_json(value or b"")
         except ValidationError:
             self.undecodable += 1
             return
-        document = self.book.in_force(self.versions.get(partition_slot("sweeps", partition)))
+        document = self.switches.document(partition, "sweeps")
         assert document is not None, "a book with at least one version"
         state = self.sweep_states.get(event.key, SweepState())
         result = fold_sweep(state, event, offset, document.config, retry_base_ms=document.fold.retry_base_ms)
         self.sweep_states[event.key] = result.state
         self.partition_of[event.key] = partition
 
-    def _switch(self, topic: str, partition: int, value: bytes | None) -> bool:
-        marker = parse_marker(value)
-        if marker is None:
-            return False
-        if marker.version in self.book:
-            self.versions[partition_slot(topic, partition)] = marker.version
-        return True
-
     def runs_in_flight(self) -> int:
         return sum(1 for s in self.states.values() if s.run is not None)
 
     def tables(self) -> dict[str, dict[str, tuple[int, Any]]]:
         """Table name -> key -> (partition, JSON value), as the worker's tables hold them."""
-        versions = {slot: (parse_partition_slot(slot)[1], version) for slot, version in self.versions.items()}
+        versions = {slot: (parse_partition_slot(slot)[1], version) for slot, version in self.switches.slots.items()}
         return {
             "conversation_state": {
                 k: (self.partition_of[k], s.model_dump(mode="json")) for k, s in self.states.items()

@@ -33,6 +33,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from projections.fold import Event, fold_under
 from projections.jev import JevError, asked_options, build_request, encode_request, read_decision
+from projections.versions import PartitionVersions
 from schemas.chatwoot import MessageType
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument
@@ -58,7 +59,6 @@ from schemas.records import (
     SetLabels,
     TurnOutcome,
     TurnResult,
-    parse_marker,
 )
 from schemas.state import ConversationState
 
@@ -124,7 +124,7 @@ class TurnRecorder:
         if not len(book):
             raise ValueError("a what-if needs the configuration versions that were in force")
         self.book = book
-        self.partition_versions: dict[int, str] = {}
+        self.versions = PartitionVersions(book)
         self.states: dict[str, ConversationState] = {}
         self.windows: dict[tuple[str, int], _Window] = {}
         self.agents: dict[int, tuple[int, ...]] = {}
@@ -133,17 +133,14 @@ class TurnRecorder:
         self.undecodable = 0
 
     def feed(self, value: bytes | None, offset: int, partition: int = 0) -> None:
-        marker = parse_marker(value)
-        if marker is not None:
-            if marker.version in self.book:
-                self.partition_versions[partition] = marker.version
+        if self.versions.switch(value, partition):
             return
         try:
             event = _EVENT.validate_json(value or b"")
         except ValidationError:
             self.undecodable += 1
             return
-        document = self.book.in_force(self.partition_versions.get(partition))
+        document = self.versions.document(partition)
         assert document is not None
         self.apply(event, offset, document)
 

@@ -50,4 +50,4 @@ def test_a_replay_folds_each_partition_under_the_version_of_its_last_marker() ->
         "configuration",
         "configuration changed",
     ]
-    assert replay.markers == 1 and replay.undecodable == 0
+    assert replay.versions.markers == 1 and replay.undecodable == 0

@@ -151,7 +151,7 @@ def test_markers_switch_the_configuration_a_partition_is_folded_under() -> None:
         model.feed(event.model_dump_json().encode(), offset, partition=3)
     timeline = model.timeline("1:2")
     assert timeline is not None and timeline.state.config_version == document.version
-    assert timeline.config_versions == [document.version] and model.markers == 1
+    assert timeline.config_versions == [document.version] and model.versions.markers == 1
     assert f"configuration {document.version}" in [m.label for m in timeline.marks]
 
 
