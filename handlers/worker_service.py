@@ -280,15 +280,19 @@ class WorkerService:
 
     # --- effects -----------------------------------------------------------------------------------------------
 
-    def awaited_command(self, key: str) -> EffectCommand | None:
-        """The command the key's run (or sweep page) waits for now, as the fold recorded it."""
+    def awaited_command(self, key: str) -> tuple[EffectCommand | None, float | None]:
+        """The command the key's run (or sweep page) waits for now, as the fold recorded it, and when the
+        conversation's turn began (its job's creation: the order in which the lanes serve turns)."""
         conversation = is_conversation_key(key)
         stored = (self.tables.states if conversation else self.tables.sweep_states).get(key)
         if not isinstance(stored, dict):
-            return None
+            return None, None
         holder = stored.get("run") if conversation else stored
         pending = holder.get("pending") if isinstance(holder, dict) else None
-        return EffectCommand.model_validate(pending) if pending is not None else None
+        job = stored.get("job") if conversation else None
+        began = job.get("created_at") if isinstance(job, dict) else None
+        command = EffectCommand.model_validate(pending) if pending is not None else None
+        return command, float(began) if isinstance(began, int | float) else None
 
     async def dispatch_command(self, record: SourceRecord) -> None:
         """Hand a command to its lane only while its run awaits it and no execution of it started (DESIGN §6)."""
@@ -296,7 +300,8 @@ class WorkerService:
         check_key(record.key, command.key)
         stored = self.tables.effect_attempts.get(command.key)
         attempted = Attempt.model_validate(stored) if isinstance(stored, dict) else None
-        verdict = admit(command, self.awaited_command(command.key), attempted)
+        awaited, began = self.awaited_command(command.key)
+        verdict = admit(command, awaited, attempted)
         if verdict != "execute":
             self.metrics.commands_dropped.labels(command.op, verdict).inc()
             log.info(
@@ -304,13 +309,15 @@ class WorkerService:
             )
             if verdict == "redelivered" and command.op == "create_message":
                 # the POST may have happened, so it is never made twice (§9.7); the run checks history
-                await self.lanes.submit(command.key, command.account_id, lambda: self.report_unconfirmed(command))
+                report = self.report_unconfirmed
+                await self.lanes.submit(command.key, command.account_id, lambda: report(command), command.at_ms)
             return
         if needs_attempt_record(command):
             self.tables.effect_attempts.set(command.key, Attempt.of(command, self.instance_id).model_dump(mode="json"))
             await self.sink.flush()  # the attempt is durable before the call can happen
         config = self.document_in_force("conversations", record.partition).config
-        await self.lanes.submit(command.key, command.account_id, lambda: self.execute(command, config))
+        priority = began if began is not None else float(command.at_ms)  # first-come turns first
+        await self.lanes.submit(command.key, command.account_id, lambda: self.execute(command, config), priority)
 
     async def report_unconfirmed(self, command: EffectCommand) -> None:
         """The outcome of a reply whose earlier attempt's result is unknown: the fold checks history or hands off."""
