@@ -21,7 +21,7 @@ _MAX_REPLICATION = 3
 
 
 # the worker's tables (DESIGN §5); each is backed by a compacted changelog topic named by `changelog_topic`
-TABLES = ("conversation_state", "sweep_state", "effect_attempts", "partition_configs")
+TABLES = ("conversation_state", "sweep_state", "timers", "effect_attempts", "partition_configs")
 
 
 def changelog_topic(app_id: str, table: str) -> str:

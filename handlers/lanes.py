@@ -9,18 +9,11 @@ which pushes back on the consumer instead of buffering a partition's backlog in 
 
 A lane exists only while it has work: with 10,000 conversations there are at most as many lanes as there are
 queued items, never one per conversation ever seen.
-
-When the caps are reached, a freed slot goes to the waiting work with the earliest `priority` (the service
-passes the time the conversation's turn began), not to whichever lane asked first: a conversation asks again
-for every step, so first-in-first-out would advance every conversation of a burst one step per round and end
-them all together; by age, the first customers of a burst are served first (FCFS per turn).
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -35,39 +28,9 @@ ACCOUNT_CAP = 16
 MAX_PENDING = 1024
 
 
-class PrioritySlots:
-    """A counting semaphore that hands a freed slot to the waiter with the lowest priority, then the first."""
-
-    def __init__(self, slots: int) -> None:
-        self._free = slots
-        self._waiters: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._order = itertools.count()
-
-    async def acquire(self, priority: float) -> None:
-        if self._free > 0 and not self._waiters:
-            self._free -= 1
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (priority, next(self._order), future))
-        try:
-            await future
-        except asyncio.CancelledError:
-            if future.done() and not future.cancelled():
-                self.release()  # the slot was handed over as the waiter was cancelled: pass it on
-            raise
-
-    def release(self) -> None:
-        while self._waiters:
-            _, _, future = heapq.heappop(self._waiters)
-            if not future.done():
-                future.set_result(None)  # the slot goes straight to this waiter
-                return
-        self._free += 1
-
-
 @dataclass
 class _Lane:
-    items: deque[tuple[float, Work]] = field(default_factory=deque)
+    items: deque[Work] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
 
 
@@ -75,7 +38,7 @@ class _Lane:
 class _Account:
     """An account's cap; kept only while some of its lanes exist, so accounts do not accumulate either."""
 
-    slots: PrioritySlots
+    slots: asyncio.Semaphore
     lanes: int = 0
 
 
@@ -92,7 +55,7 @@ class Lanes:
     ) -> None:
         if min(global_cap, account_cap, max_pending) < 1:
             raise ValueError("caps must be at least 1")
-        self._global = PrioritySlots(global_cap)
+        self._global = asyncio.Semaphore(global_cap)
         self._account_cap = account_cap
         self._room = asyncio.Semaphore(max_pending)
         self._lanes: dict[str, _Lane] = {}
@@ -118,10 +81,8 @@ class Lanes:
         """Lanes that currently have work."""
         return len(self._lanes)
 
-    async def submit(self, lane: str, account_id: int, work: Work, priority: float = 0.0) -> None:
-        """Queue `work` at the end of `lane`; waits while `max_pending` items are already queued or running.
-
-        `priority` orders the work behind the caps: the lowest runs first (ties in submission order)."""
+    async def submit(self, lane: str, account_id: int, work: Work) -> None:
+        """Queue `work` at the end of `lane`; waits while `max_pending` items are already queued or running."""
         if self._closed:
             raise RuntimeError("lanes are closed")
         await self._room.acquire()
@@ -135,10 +96,10 @@ class Lanes:
             entry = self._lanes[lane] = _Lane()
             account = self._accounts.get(account_id)
             if account is None:
-                account = self._accounts[account_id] = _Account(PrioritySlots(self._account_cap))
+                account = self._accounts[account_id] = _Account(asyncio.Semaphore(self._account_cap))
             account.lanes += 1
             entry.task = asyncio.create_task(self._run(lane, account_id, entry), name=f"lane {lane}")
-        entry.items.append((priority, work))
+        entry.items.append(work)
 
     async def drain(self) -> None:
         """Wait until everything queued so far (and anything queued meanwhile) has run."""
@@ -160,22 +121,15 @@ class Lanes:
         account = self._accounts[account_id]
         try:
             while entry.items:
-                priority, work = entry.items[0]
+                work = entry.items[0]
                 try:
                     # account slot first: work waiting on a busy account must not hold a global slot
-                    await account.slots.acquire(priority)
-                    try:
-                        await self._global.acquire(priority)
+                    async with account.slots, self._global:
+                        self._in_flight += 1
                         try:
-                            self._in_flight += 1
-                            try:
-                                await work()
-                            finally:
-                                self._in_flight -= 1
+                            await work()
                         finally:
-                            self._global.release()
-                    finally:
-                        account.slots.release()
+                            self._in_flight -= 1
                 except Exception as exc:
                     log.error("lane work failed", extra={"lane": lane, "error_type": type(exc).__name__})
                 finally:

@@ -30,7 +30,7 @@ from schemas.configs import ConfigBook
 
 SOURCE_TOPICS = ("conversations", "sweeps")
 ALL_TOPICS = ("conversations", "effects", "sweeps", "dlq")
-REBUILT_TABLES = ("conversation_state", "sweep_state", "partition_configs")
+REBUILT_TABLES = ("conversation_state", "sweep_state", "timers", "partition_configs")
 
 Progress = Callable[[str, int], None]
 

@@ -78,6 +78,7 @@ class WorkerTables:
 
     states: Table
     sweep_states: Table
+    timers: Table
     effect_attempts: Table
     partition_configs: Table
 
@@ -95,7 +96,6 @@ class WorkerService:
         own_document: ConfigDocument,
         load_book: BookLoader,
         reader: GapReader,
-        partitions: int,
         lanes: Lanes | None = None,
         metrics: WorkerMetrics | None = None,
         now_ms: Callable[[], int] = wall_clock_ms,
@@ -113,7 +113,7 @@ class WorkerService:
         self.now_ms = now_ms
         # tells this process's commands from those of a dead or departed one
         self.instance_id = instance_id or uuid.uuid4().hex
-        self.timers = Timers(tables.states, tables.sweep_states, partitions)
+        self.timers = Timers(tables.timers, tables.states, tables.sweep_states)
         self.offsets = OffsetTracker()
         self._handlers: dict[str, Handler] = {
             "router": self.on_conversation_record,
@@ -254,7 +254,7 @@ class WorkerService:
         step = step_of(stored, event, self.document_in_force(source, record.partition), record.offset)
         # A redelivered record (already applied) re-writes the state it finds: after a SIGKILL the local store can
         # hold a value whose changelog record never left, and the changelog must get it before the offset moves
-        # past this record (docs/consumer-gaps.md §2). The key's due time is part of that state.
+        # past this record (docs/consumer-gaps.md §2); the same for the key's entry in the timers table.
         redelivered = not step.changed and stored is not None
         if step.changed:
             table.set(key, step.state.model_dump(mode="json"))
@@ -266,7 +266,14 @@ class WorkerService:
         await self.send_commands(step.commands)
         for found in step.found:
             await self.send("conversations", found.key, found)
-        self.timers.set(record.partition, key, step.wakeup_ms, waiting=step.waiting, issued=bool(step.commands))
+        self.timers.set(
+            record.partition,
+            key,
+            step.wakeup_ms,
+            waiting=step.waiting,
+            issued=bool(step.commands),
+            rewrite=redelivered,
+        )
         for outcome in step.outcomes:
             report_turn(self.metrics, outcome)
 
@@ -280,19 +287,15 @@ class WorkerService:
 
     # --- effects -----------------------------------------------------------------------------------------------
 
-    def awaited_command(self, key: str) -> tuple[EffectCommand | None, float | None]:
-        """The command the key's run (or sweep page) waits for now, as the fold recorded it, and when the
-        conversation's turn began (its job's creation: the order in which the lanes serve turns)."""
+    def awaited_command(self, key: str) -> EffectCommand | None:
+        """The command the key's run (or sweep page) waits for now, as the fold recorded it."""
         conversation = is_conversation_key(key)
         stored = (self.tables.states if conversation else self.tables.sweep_states).get(key)
         if not isinstance(stored, dict):
-            return None, None
+            return None
         holder = stored.get("run") if conversation else stored
         pending = holder.get("pending") if isinstance(holder, dict) else None
-        job = stored.get("job") if conversation else None
-        began = job.get("created_at") if isinstance(job, dict) else None
-        command = EffectCommand.model_validate(pending) if pending is not None else None
-        return command, float(began) if isinstance(began, int | float) else None
+        return EffectCommand.model_validate(pending) if pending is not None else None
 
     async def dispatch_command(self, record: SourceRecord) -> None:
         """Hand a command to its lane only while its run awaits it and no execution of it started (DESIGN §6)."""
@@ -300,8 +303,7 @@ class WorkerService:
         check_key(record.key, command.key)
         stored = self.tables.effect_attempts.get(command.key)
         attempted = Attempt.model_validate(stored) if isinstance(stored, dict) else None
-        awaited, began = self.awaited_command(command.key)
-        verdict = admit(command, awaited, attempted)
+        verdict = admit(command, self.awaited_command(command.key), attempted)
         if verdict != "execute":
             self.metrics.commands_dropped.labels(command.op, verdict).inc()
             log.info(
@@ -309,15 +311,13 @@ class WorkerService:
             )
             if verdict == "redelivered" and command.op == "create_message":
                 # the POST may have happened, so it is never made twice (§9.7); the run checks history
-                report = self.report_unconfirmed
-                await self.lanes.submit(command.key, command.account_id, lambda: report(command), command.at_ms)
+                await self.lanes.submit(command.key, command.account_id, lambda: self.report_unconfirmed(command))
             return
         if needs_attempt_record(command):
             self.tables.effect_attempts.set(command.key, Attempt.of(command, self.instance_id).model_dump(mode="json"))
             await self.sink.flush()  # the attempt is durable before the call can happen
         config = self.document_in_force("conversations", record.partition).config
-        priority = began if began is not None else float(command.at_ms)  # first-come turns first
-        await self.lanes.submit(command.key, command.account_id, lambda: self.execute(command, config), priority)
+        await self.lanes.submit(command.key, command.account_id, lambda: self.execute(command, config))
 
     async def report_unconfirmed(self, command: EffectCommand) -> None:
         """The outcome of a reply whose earlier attempt's result is unknown: the fold checks history or hands off."""

@@ -1,10 +1,11 @@
-"""Durable timers (DESIGN §7), derived from the state: the in-memory index and the runs resumed after a takeover.
+"""Durable timers (DESIGN §7): the keys that have a due time, the in-memory index, and runs resumed after a takeover.
 
 A key's next due time is part of its folded state (`wakeup_of`: the pending command's deadline, else the job's
-due time; `sweep_wakeup` for a sweep), and the state tables are changelog-backed, so a due time outlives any
-process without a table of its own. `TimerIndex` mirrors the owned partitions in memory: each fold step sets
-its key's due time, and after every rebalance the index is rebuilt by reading the owned partitions' states
-(a key's partition is the one Kafka's default partitioner gives its bytes, as for every record of the key).
+due time; `sweep_wakeup` for a sweep). The changelog-backed `timers` table lists the keys that have one, with
+their partition, and changes only when a key gains or loses its due time (twice per turn), not at every step.
+`TimerIndex` mirrors the owned partitions in memory: each fold step sets its key's due time, and after every
+rebalance the index is rebuilt from the listed keys' states, so a rebalance reads the conversations that are
+in progress, never every conversation ever seen.
 
 A run that waits for the outcome of a command this process did not issue (it died with another process, or with
 this one before a restart) is resumed at once when its partition is newly owned, instead of at its deadline.
@@ -14,47 +15,72 @@ Which runs wait on this process's own commands is kept in memory: those commands
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
-from aiokafka.partitioner import murmur2
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from handlers.worker_ports import Table
 from projections.fold import wakeup_of
 from projections.sweep import sweep_wakeup
 from projections.timer_index import TimerIndex
+from schemas.keys import is_conversation_key
 from schemas.state import ConversationState, SweepState
 
 log = logging.getLogger("chatwoot_router.worker")
 
 
-def partition_of_key(key: str, partitions: int) -> int:
-    """The partition Kafka's default partitioner (murmur2, as the Java client) gives a record keyed `key`."""
-    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+class TimerKey(BaseModel):
+    """A `timers` table value: the key has a due time (in its state); `p` is the partition that owns it.
+
+    Entries written before due times were read from the state also hold `due` and `waiting_by`: ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    p: int
 
 
 class Timers:
     """Due times of the keys in the partitions this process owns, and the runs waiting on its own commands."""
 
-    def __init__(self, states: Table, sweep_states: Table, partitions: int) -> None:
+    def __init__(self, table: Table, states: Table, sweep_states: Table) -> None:
+        self.table = table
         self.states = states
         self.sweep_states = sweep_states
-        self.partition_of: Callable[[str], int] = lambda key: partition_of_key(key, partitions)
         self.index = TimerIndex()
+        self.listed: set[str] = set()  # keys of owned partitions the table lists
         self.waiting_here: set[str] = set()  # keys whose run waits for a command this process issued
         self._generation: int | None = None
         self._partitions: frozenset[int] = frozenset()
 
-    def set(self, partition: int, key: str, due_ms: int | None, *, waiting: bool = False, issued: bool = False) -> None:
-        """A fold step's result for `key`: its next due time, and whether its run now waits on this process."""
+    def set(
+        self,
+        partition: int,
+        key: str,
+        due_ms: int | None,
+        *,
+        waiting: bool = False,
+        issued: bool = False,
+        rewrite: bool = False,
+    ) -> None:
+        """A fold step's result for `key`: its next due time, and whether its run now waits on this process.
+
+        `rewrite` lists the key again even when it is listed: a redelivered record, whose changelog record may
+        never have left a killed process (docs/consumer-gaps.md §2).
+        """
         if not waiting:
             self.waiting_here.discard(key)
         elif issued:
             self.waiting_here.add(key)
+        if due_ms is not None:
+            if key not in self.listed or rewrite:
+                self.table.set(key, TimerKey(p=partition).model_dump())
+                self.listed.add(key)
+        elif key in self.listed or self.table.get(key) is not None:
+            self.table.delete(key)
+            self.listed.discard(key)
         self.index.set(partition, key, due_ms)
 
     def refresh(self, owned: frozenset[int], generation: int | None) -> list[tuple[str, int]]:
-        """Rebuild the index from the owned partitions' states when the assignment changed.
+        """Rebuild the index from the listed keys' states when the assignment changed.
 
         Returns the conversations of newly owned partitions whose run waits for the outcome of a command another
         process issued (or this one, before it restarted): they are resumed now rather than at their deadline.
@@ -64,37 +90,42 @@ class Timers:
         new = owned - self._partitions
         entries: list[tuple[int, str, int]] = []
         resume: list[tuple[str, int]] = []
-        self.waiting_here = {key for key in self.waiting_here if self.partition_of(key) in owned and key}
-        for key, value in self.states.items():
-            partition = self.partition_of(key)
-            if partition not in owned or value is None:
-                continue
+        listed: set[str] = set()
+        for key, value in self.table.items():
             try:
-                state = ConversationState.model_validate(value)
+                partition = TimerKey.model_validate(value).p
             except ValidationError:
                 continue
-            due = wakeup_of(state)
+            if partition not in owned:
+                continue
+            listed.add(key)
+            due, waiting = self._due_of(key)
             if due is None:
                 continue
             entries.append((partition, key, due))
-            waiting = state.run is not None and state.run.pending is not None
             if waiting and partition in new and key not in self.waiting_here:
                 resume.append((key, due))
-        for key, value in self.sweep_states.items():
-            partition = self.partition_of(key)
-            if partition not in owned or value is None:
-                continue
-            try:
-                due = sweep_wakeup(SweepState.model_validate(value))
-            except ValidationError:
-                continue
-            if due is not None:
-                entries.append((partition, key, due))
+        self.listed = listed
+        self.waiting_here &= listed
         self.index.rebuild(entries)
         self._generation, self._partitions = generation, owned
         counts = {"timers": len(entries), "resumed": len(resume), "partitions": sorted(owned)}
         log.info("timer index rebuilt", extra=counts)
         return resume
+
+    def _due_of(self, key: str) -> tuple[int | None, bool]:
+        """The key's due time from its state, and whether its run waits for an outcome."""
+        conversation = is_conversation_key(key)
+        stored = (self.states if conversation else self.sweep_states).get(key)
+        if stored is None:
+            return None, False
+        try:
+            if conversation:
+                state = ConversationState.model_validate(stored)
+                return wakeup_of(state), state.run is not None and state.run.pending is not None
+            return sweep_wakeup(SweepState.model_validate(stored)), False
+        except ValidationError:
+            return None, False
 
     def pop_due(self, now_ms: int, owned: frozenset[int]) -> list[tuple[str, int]]:
         return self.index.pop_due(now_ms, owned)

@@ -2,9 +2,10 @@
 
 Pure: it is fed the records of `<app>.conversations` and `<app>.sweeps` (each partition in offset order) and
 gives the table values a worker would hold after folding them: conversation and sweep states (their due times
-included) and the configuration version of each partition. No effect is executed and no command is kept: the
-rebuilt state is what a worker starts from; a run that was waiting for an outcome was issued by no live
-process, so the first worker resumes it at once (its read or idempotent mutation, never a reply).
+included), the keys that have a due time and the configuration version of each partition. No effect is
+executed and no command is kept: the rebuilt state is what a worker starts from; a run that was waiting for an
+outcome was issued by no live process, so the first worker resumes it at once (its read or idempotent
+mutation, never a reply).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from projections.fold import fold_under
-from projections.sweep import SweepEvent, fold_sweep
+from projections.fold import fold_under, wakeup_of
+from projections.sweep import SweepEvent, fold_sweep, sweep_wakeup
 from projections.versions import PartitionVersions
 from schemas.configs import ConfigBook
 from schemas.keys import parse_partition_slot
@@ -78,11 +79,19 @@ class TableBuilder:
 
     def tables(self) -> dict[str, dict[str, tuple[int, Any]]]:
         """Table name -> key -> (partition, JSON value), as the worker's tables hold them."""
+        timers: dict[str, tuple[int, Any]] = {}
+        for key, state in self.states.items():
+            if wakeup_of(state) is not None:
+                timers[key] = (self.partition_of[key], {"p": self.partition_of[key]})
+        for key, sweep in self.sweep_states.items():
+            if sweep_wakeup(sweep) is not None:
+                timers[key] = (self.partition_of[key], {"p": self.partition_of[key]})
         versions = {slot: (parse_partition_slot(slot)[1], version) for slot, version in self.switches.slots.items()}
         return {
             "conversation_state": {
                 k: (self.partition_of[k], s.model_dump(mode="json")) for k, s in self.states.items()
             },
             "sweep_state": {k: (self.partition_of[k], s.model_dump(mode="json")) for k, s in self.sweep_states.items()},
+            "timers": timers,
             "partition_configs": versions,
         }

@@ -9,12 +9,14 @@ every table, is owned by one worker.
 
 Tables (RocksDB, changelog-backed). DESIGN §5 names six tables; the folds' state lives in two here, because
 the fold keeps a conversation's parts in one value so that they change atomically with the offset they last
-applied, and the due times of §7 are part of that value (`handlers.worker_timers` indexes them in memory); a
-third guards replies, a fourth records configuration versions:
+applied, and the due times of §7 are part of that value; a third lists the keys that have a due time, a fourth
+guards replies, a fifth records configuration versions:
 
 - `conversation_state` ("acct:conv" -> `ConversationState`): `guard` is §5's `turn_guard`, `ledger` the
   `reply_ledger`, `memos` the `memo` entries, `job` + `run` the `jobs` entry; `offset` makes redelivery a no-op.
 - `sweep_state` ("acct:status" -> `SweepState`): §5's `sweep_cursor` plus the sweep job and its page.
+- `timers` (key -> `handlers.worker_timers.TimerKey`): the keys that have a due time, written when a key gains
+  or loses one; the in-memory index is rebuilt from their states after a rebalance.
 - `effect_attempts` (key -> `projections.admission.Attempt`): the last command whose execution started.
 - `partition_configs` ("conversations:<p>" / "sweeps:<p>" -> version): the configuration each partition is
   folded under (DESIGN §8).
@@ -114,16 +116,15 @@ class WorkerApp:
         }
         schema: Any = faust.Schema(key_serializer="raw", value_serializer="json")
         tables = {name: self.app.Table(name, partitions=env.partitions, schema=schema) for name in TABLES}
-        states, sweep_states, effect_attempts, partition_configs = (FaustTable(tables[n]) for n in TABLES)
+        states, sweep_states, timers, effect_attempts, partition_configs = (FaustTable(tables[n]) for n in TABLES)
         self.service = WorkerService(
-            tables=WorkerTables(states, sweep_states, effect_attempts, partition_configs),
+            tables=WorkerTables(states, sweep_states, timers, effect_attempts, partition_configs),
             sink=FaustSink(self.app, self.topics),
             executor=executor if executor is not None else EffectExecutor(settings),
             book=book if book is not None else ConfigBook([own]),
             own_document=own,
             load_book=lambda: read_book(env.bootstrap, env.app_id),
             reader=self.reader,
-            partitions=env.partitions,
             lanes=lanes,
             metrics=metrics,
             now_ms=now_ms,

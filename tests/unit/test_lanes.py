@@ -222,28 +222,3 @@ async def test_close_cancels_queued_work_and_refuses_more() -> None:
     assert ran_after == [] and lanes.pending == 0 and lanes.lane_count == 0
     with pytest.raises(RuntimeError, match="closed"):
         await lanes.submit("1:1", 1, later)
-
-
-async def test_behind_the_caps_the_earliest_priority_runs_first() -> None:
-    """A freed slot goes to the oldest turn waiting, not to the lane that asked first (FCFS per turn)."""
-    lanes = Lanes(global_cap=1, account_cap=1)
-    release = asyncio.Event()
-    order: list[str] = []
-
-    async def blocker() -> None:
-        await release.wait()
-
-    def step(name: str) -> Callable[[], Awaitable[None]]:
-        async def run() -> None:
-            order.append(name)
-
-        return run
-
-    await lanes.submit("busy", 1, blocker, priority=0)
-    await until(lambda: lanes.in_flight == 1)
-    for name, priority in (("new", 30.0), ("oldest", 10.0), ("middle", 20.0), ("oldest-again", 10.0)):
-        await lanes.submit(name, 1, step(name), priority=priority)
-    await asyncio.sleep(0)  # every lane is waiting for the slot now
-    release.set()
-    await asyncio.wait_for(lanes.drain(), DEADLINE_S)
-    assert order == ["oldest", "oldest-again", "middle", "new"]

@@ -71,7 +71,7 @@ class Bus:
 
 
 def new_tables() -> WorkerTables:
-    return WorkerTables(MemoryTable(), MemoryTable(), MemoryTable(), MemoryTable())
+    return WorkerTables(MemoryTable(), MemoryTable(), MemoryTable(), MemoryTable(), MemoryTable())
 
 
 def new_service(tables: WorkerTables, chatwoot: FakeChatwoot, config: RouterConfig | None = None) -> WorkerService:
@@ -92,7 +92,6 @@ def new_service(tables: WorkerTables, chatwoot: FakeChatwoot, config: RouterConf
         own_document=document,
         load_book=no_book,
         reader=NoGaps(),
-        partitions=1,  # every key in partition 0, like the Bus
         lanes=Lanes(),
         now_ms=lambda: T0,
     )
@@ -146,6 +145,8 @@ async def test_a_webhook_is_routed_to_its_owner_through_the_service() -> None:
     assert chatwoot.ops()[-1] == "assign" and chatwoot.conversation.assignee_id == 7
     assert state(tables).run is None and state(tables).job is None
     assert wakeup_of(state(tables)) is None and service.timers.pending() == 0  # nothing due any more
+    assert tables.timers.get(KEY) is None  # nor listed
+    assert isinstance(tables.timers, MemoryTable) and tables.timers.writes == 2  # listed once, unlisted once
 
 
 async def test_a_reply_command_delivered_again_after_a_restart_is_never_sent_twice() -> None:
@@ -229,31 +230,19 @@ async def test_an_undecodable_record_goes_to_the_dlq_and_the_partition_goes_on()
 
 
 async def test_a_redelivered_record_rewrites_the_state_it_finds() -> None:
-    """After a SIGKILL the local store can be ahead of its changelog: a redelivered record writes it again."""
+    """After a SIGKILL the local store can be ahead of its changelog: a redelivered record writes both again."""
     chatwoot = FakeChatwoot(messages=[incoming(1, "I was charged twice")])
     tables, bus = new_tables(), Bus()
     service = new_service(tables, chatwoot)
     record = webhook(bus)
     await deliver(service, bus, record)
-    states = tables.states
-    assert isinstance(states, MemoryTable)
-    writes, stored = states.writes, states.get(KEY)
+    states, timers = tables.states, tables.timers
+    assert isinstance(states, MemoryTable) and isinstance(timers, MemoryTable)
+    before = (states.writes, timers.writes, states.get(KEY), timers.get(KEY))
 
     restarted = new_service(tables, chatwoot)  # the offset was never committed: the record comes again
     await deliver(restarted, bus, record)
-    assert states.writes == writes + 1 and states.get(KEY) == stored  # the same value, written again
+    assert (states.writes, timers.writes) == (before[0] + 1, before[1] + 1)
+    assert (states.get(KEY), timers.get(KEY)) == (before[2], before[3])  # the same values, written again
     assert restarted.timers.index.due_of(KEY) == wakeup_of(state(tables))  # and its due time indexed
     assert [decode_command(r.value).op for r in bus.records("effects")] == ["get_conversation"]  # no new command
-
-
-def test_a_keys_partition_is_the_one_kafkas_default_partitioner_gives_it() -> None:
-    """The timer index finds a state's partition from its key, as the producers placed the key's records."""
-    from aiokafka.partitioner import DefaultPartitioner
-
-    from handlers.worker_timers import partition_of_key
-
-    partitioner = DefaultPartitioner()
-    for key in ("1:2", "1:open", "7:123456", "42:pending"):
-        for partitions in (1, 4, 12):
-            every = list(range(partitions))
-            assert partition_of_key(key, partitions) == partitioner(key.encode(), every, every)
