@@ -10,16 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pydantic import TypeAdapter, ValidationError
-
 from projections.fold import DEFAULT_RETRY_BASE_MS, fold
 from projections.versions import PartitionVersions
+from schemas.codec import Undecodable, decode_conversation_event
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook
 from schemas.decision import Decision
 from schemas.records import (
     Assign,
-    ConversationEvent,
     CreateMessage,
     Decide,
     DecideResult,
@@ -33,8 +31,6 @@ from schemas.records import (
     WebhookReceived,
 )
 from schemas.state import ConversationState
-
-_EVENT: TypeAdapter[ConversationEvent] = TypeAdapter(ConversationEvent)
 
 
 @dataclass(frozen=True)
@@ -161,8 +157,8 @@ class LogReplay:
         if self.versions.switch(value, partition):
             return
         try:
-            event = _EVENT.validate_json(value or b"")
-        except ValidationError:
+            event = decode_conversation_event(value)
+        except Undecodable:
             self.undecodable += 1
             return
         trail = self.trails.setdefault(event.key, ConversationTrail(key=event.key))

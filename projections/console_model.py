@@ -21,19 +21,17 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from pydantic import TypeAdapter, ValidationError
-
 from projections.audit import describe_outcome
 from projections.fold import DEFAULT_RETRY_BASE_MS, Event, fold, wakeup_of
 from projections.inputs import build_input
 from projections.versions import PartitionVersions
+from schemas.codec import Undecodable, decode_conversation_event
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.decision import Decision
 from schemas.keys import ConversationKey, parse_key, run_of_command
 from schemas.records import (
     Assign,
-    ConversationEvent,
     CreateMessage,
     Decide,
     DecideResult,
@@ -51,8 +49,6 @@ from schemas.records import (
     parse_marker,
 )
 from schemas.state import ConversationState, Run
-
-_EVENT: TypeAdapter[ConversationEvent] = TypeAdapter(ConversationEvent)
 
 HOUR_MS = 3_600_000
 STUCK_AFTER_FAILURES = 3  # as handlers.worker_metrics: three or more failed runs in a row
@@ -468,8 +464,8 @@ class ConsoleModel:
             return None
         self.records += 1
         try:
-            event = _EVENT.validate_json(value or b"")
-        except ValidationError:
+            event = decode_conversation_event(value)
+        except Undecodable:
             self.undecodable += 1
             self.version += 1
             return None

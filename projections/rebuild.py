@@ -13,18 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
 from projections.fold import fold_under, wakeup_of
-from projections.sweep import SweepEvent, fold_sweep, sweep_wakeup
+from projections.sweep import fold_sweep, sweep_wakeup
 from projections.versions import PartitionVersions
+from schemas.codec import Undecodable, decode_conversation_event, decode_sweep_event
 from schemas.configs import ConfigBook
 from schemas.keys import parse_partition_slot
-from schemas.records import ConversationEvent
 from schemas.state import ConversationState, SweepState
-
-_CONVERSATION: TypeAdapter[ConversationEvent] = TypeAdapter(ConversationEvent)
-_SWEEP: TypeAdapter[SweepEvent] = TypeAdapter(SweepEvent)
 
 
 @dataclass
@@ -47,8 +42,8 @@ class TableBuilder:
         if self.switches.switch(value, partition, "conversations"):
             return
         try:
-            event = _CONVERSATION.validate_json(value or b"")
-        except ValidationError:
+            event = decode_conversation_event(value)
+        except Undecodable:
             self.undecodable += 1
             return
         document = self.switches.document(partition, "conversations")
@@ -63,8 +58,8 @@ class TableBuilder:
         if self.switches.switch(value, partition, "sweeps"):
             return
         try:
-            event = _SWEEP.validate_json(value or b"")
-        except ValidationError:
+            event = decode_sweep_event(value)
+        except Undecodable:
             self.undecodable += 1
             return
         document = self.switches.document(partition, "sweeps")

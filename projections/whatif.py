@@ -29,12 +29,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import TypeAdapter, ValidationError
-
 from projections.fold import Event, fold_under
 from projections.jev import JevError, asked_options, build_request, encode_request, read_decision
 from projections.versions import PartitionVersions
 from schemas.chatwoot import MessageType
+from schemas.codec import Undecodable, decode_conversation_event
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument
 from schemas.decision import Decision
@@ -43,7 +42,6 @@ from schemas.records import (
     AgentsResult,
     CannedResult,
     CommandParams,
-    ConversationEvent,
     ConversationResult,
     CreateMessage,
     CreateMessageResult,
@@ -62,7 +60,6 @@ from schemas.records import (
 )
 from schemas.state import ConversationState
 
-_EVENT: TypeAdapter[ConversationEvent] = TypeAdapter(ConversationEvent)
 MAX_STEPS = 200  # a route run takes at most ~20 commands; this only stops a replay that could not end
 SYNTHETIC_MESSAGE_ID = 2**53 - 1  # the receipt of a reply the candidate would send (never a real id)
 CANNED_PLACEHOLDER = "(canned response)"
@@ -136,8 +133,8 @@ class TurnRecorder:
         if self.versions.switch(value, partition):
             return
         try:
-            event = _EVENT.validate_json(value or b"")
-        except ValidationError:
+            event = decode_conversation_event(value)
+        except Undecodable:
             self.undecodable += 1
             return
         document = self.versions.document(partition)
