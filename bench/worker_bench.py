@@ -1,9 +1,8 @@
 """Worker benchmark (not run by CI): webhook -> turn end through sandbox, ingress, Kafka and the worker.
 
 Both modes print the CPU milliseconds each process (worker, ingress, sandbox; utime + stime from /proc) spent
-per conversation of a burst. To compare with an earlier commit, run this file from a checkout of it, e.g.
-`git worktree add /tmp/before <commit>`, copy this file to /tmp/before/bench/, then
-`.venv/bin/python /tmp/before/bench/worker_bench.py …` (the stack runs from the directory the script is in).
+per conversation of a burst. To compare with an earlier commit, use `--against REF` (below), or run this file
+from a checkout of it by hand (the stack runs from the directory the script is in).
 
 Starts the same stack as the end-to-end tests (`chatwoot-router sandbox`, `ingress`, `worker` as processes),
 with the sandbox answering every Chatwoot call after 20 ms and System One after 200 ms, then, by `--mode`:
@@ -27,6 +26,10 @@ the send time taken just before the message is posted).
 
     .venv/bin/python bench/worker_bench.py --bootstrap 127.0.0.1:9092 [--conversations 100]
     .venv/bin/python bench/worker_bench.py --bootstrap 127.0.0.1:9092 --mode scale [--kafka-pid PID]
+    .venv/bin/python bench/worker_bench.py --bootstrap 127.0.0.1:9092 --conversations 50 --against 377c1bf
+
+`--against REF` checks REF out into a temporary worktree with a virtual environment of its own, copies this
+file there, runs both sides alternately twice and prints the ratio of the worker's CPU per conversation.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -402,13 +407,65 @@ def run_latency(stack: Stack, count: int) -> None:
     )
 
 
+def checkout_with_venv(ref: str, where: Path) -> Path:
+    """A checkout of `ref` with a virtual environment of its own (its pyproject's dependencies); returns its python.
+
+    This bench file is copied into the checkout, so both sides measure the same way; a ref older than
+    `tests/support/` (823b8a5) cannot run it.
+    """
+    root = Path(__file__).resolve().parents[1]
+    tree = where / "tree"
+    subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(tree), ref], check=True)
+    if not (tree / "tests" / "support").is_dir():
+        raise SystemExit(f"{ref} has no tests/support/: this bench cannot run there")
+    shutil.copy(Path(__file__), tree / "bench" / "worker_bench.py")
+    venv = where / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "-e", f"{tree}[dev]"], check=True)
+    return python
+
+
+def run_against(ref: str, forwarded: list[str]) -> int:
+    """Run this bench here and in a checkout of `ref` (its own venv), alternately twice, and print the ratios."""
+    with tempfile.TemporaryDirectory(prefix="bench-against-") as scratch:
+        where = Path(scratch)
+        python = checkout_with_venv(ref, where)
+        here = [sys.executable, str(Path(__file__).resolve()), *forwarded]
+        there = [str(python), str(where / "tree" / "bench" / "worker_bench.py"), *forwarded]
+        cpu: dict[str, list[float]] = {"this tree": [], ref: []}
+        try:
+            for _ in range(2):
+                for label, command in (("this tree", here), (ref, there)):
+                    print(f"== {label}", flush=True)
+                    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+                    print(output, end="", flush=True)
+                    for line in output.splitlines():
+                        if line.startswith("baseline CPU ms per conversation: worker "):
+                            cpu[label].append(float(line.split("worker ")[1].split(",")[0]))
+        finally:
+            root = Path(__file__).resolve().parents[1]
+            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(where / "tree")], check=False)
+        if cpu["this tree"] and cpu[ref]:
+            mine, theirs = statistics.mean(cpu["this tree"]), statistics.mean(cpu[ref])
+            ratio = mine / theirs
+            print(f"worker CPU per conversation: this tree {mine:.1f} ms, {ref} {theirs:.1f} ms, ratio {ratio:.2f}")
+    return 0
+
+
 def main() -> int:
+    if "--against" in sys.argv:
+        at = sys.argv.index("--against")
+        if at + 1 >= len(sys.argv):
+            raise SystemExit("--against needs a git ref")
+        return run_against(sys.argv[at + 1], sys.argv[1:at] + sys.argv[at + 2 :])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", required=True)
     parser.add_argument("--conversations", type=int, default=100)
     parser.add_argument("--mode", choices=("isolation", "scale", "latency"), default="isolation")
     parser.add_argument("--kafka-pid", type=int, help="pid of `chatwoot-router kafka`, to count the broker's CPU")
     parser.add_argument("--keep", help="keep the processes' logs and state in this directory")
+    parser.add_argument("--against", metavar="REF", help="also run in a checkout of REF with its own venv; ratios")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         tmp = Path(args.keep or scratch)
