@@ -97,7 +97,6 @@ class Sent:
     key: str
     value: bytes
     headers: Headers | None
-    flushed_before: int = 0
 
 
 @dataclass
@@ -108,7 +107,7 @@ class MemorySink:
     flushes: int = 0
 
     async def send(self, topic: str, key: str, value: bytes, headers: Headers | None = None) -> None:
-        self.sent.append(Sent(topic, key, value, headers, self.flushes))
+        self.sent.append(Sent(topic, key, value, headers))
 
     async def flush(self) -> None:
         self.flushes += 1
