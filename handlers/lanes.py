@@ -7,14 +7,23 @@ lanes run side by side. Two caps keep that from turning into a flood: a global o
 per-account one so a single busy account cannot take every slot. `submit` blocks once too much is queued,
 which pushes back on the consumer instead of buffering a partition's backlog in memory.
 
-A lane exists only while it has work: with 10,000 conversations there are at most as many lanes as there are
-queued items, never one per conversation ever seen.
+**First come, first served.** A conversation's turn is a series of commands, each issued only after the
+previous outcome went through the fold. If a lane gave its slot back after every command, a burst of
+conversations would advance one step per pass and all end together at the end of the burst. So a lane that ran
+a command keeps its slots for the conversation's next command (up to `HOLD_S`, or until the fold says the run no
+longer waits: `end_hold`), and the conversations that came first finish first. Holding yields to fairness: once a
+lane has waited `STARVING_S` for a slot, holders give theirs back after each command (round robin, as without
+holding), so no command waits anywhere near its deadline in a long backlog.
+
+A lane exists only while it has work or holds slots: with 10,000 conversations there are at most as many lanes as
+there are queued items plus slots, never one per conversation ever seen.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,12 +35,19 @@ Work = Callable[[], Awaitable[None]]
 GLOBAL_CAP = 64
 ACCOUNT_CAP = 16
 MAX_PENDING = 1024
+HOLD_S = 1.0
+"""How long a lane keeps its slots for its conversation's next command (the fold's round trip is ~10-100 ms)."""
+STARVING_S = 15.0
+"""A lane waiting this long for slots stops others from holding theirs (a command's deadline is >= 90 s)."""
 
 
 @dataclass
 class _Lane:
     items: deque[Work] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
+    more: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when an item is queued or the hold is ended, to wake a lane that holds its slots."""
+    hold_ended: bool = False
 
 
 @dataclass
@@ -51,10 +67,19 @@ class Lanes:
     """
 
     def __init__(
-        self, *, global_cap: int = GLOBAL_CAP, account_cap: int = ACCOUNT_CAP, max_pending: int = MAX_PENDING
+        self,
+        *,
+        global_cap: int = GLOBAL_CAP,
+        account_cap: int = ACCOUNT_CAP,
+        max_pending: int = MAX_PENDING,
+        hold_s: float = HOLD_S,
+        starving_s: float = STARVING_S,
     ) -> None:
         if min(global_cap, account_cap, max_pending) < 1:
             raise ValueError("caps must be at least 1")
+        self._hold_s = hold_s
+        self._starving_s = starving_s
+        self._waiting: dict[str, float] = {}  # lanes waiting for slots -> since when (monotonic), oldest first
         self._global = asyncio.Semaphore(global_cap)
         self._account_cap = account_cap
         self._room = asyncio.Semaphore(max_pending)
@@ -78,8 +103,15 @@ class Lanes:
 
     @property
     def lane_count(self) -> int:
-        """Lanes that currently have work."""
+        """Lanes that currently have work or hold slots."""
         return len(self._lanes)
+
+    def end_hold(self, lane: str) -> None:
+        """The lane's conversation waits for no command now (its turn ended): give its slots back at once."""
+        entry = self._lanes.get(lane)
+        if entry is not None:  # if its last command is still running, the lane lets go once it is done
+            entry.hold_ended = True
+            entry.more.set()
 
     async def submit(self, lane: str, account_id: int, work: Work) -> None:
         """Queue `work` at the end of `lane`; waits while `max_pending` items are already queued or running."""
@@ -100,6 +132,8 @@ class Lanes:
             account.lanes += 1
             entry.task = asyncio.create_task(self._run(lane, account_id, entry), name=f"lane {lane}")
         entry.items.append(work)
+        entry.hold_ended = False
+        entry.more.set()
 
     async def drain(self) -> None:
         """Wait until everything queued so far (and anything queued meanwhile) has run."""
@@ -121,20 +155,14 @@ class Lanes:
         account = self._accounts[account_id]
         try:
             while entry.items:
-                work = entry.items[0]
+                self._waiting[lane] = time.monotonic()
                 try:
                     # account slot first: work waiting on a busy account must not hold a global slot
                     async with account.slots, self._global:
-                        self._in_flight += 1
-                        try:
-                            await work()
-                        finally:
-                            self._in_flight -= 1
-                except Exception as exc:
-                    log.error("lane work failed", extra={"lane": lane, "error_type": type(exc).__name__})
+                        del self._waiting[lane]
+                        await self._run_while_holding(lane, entry)
                 finally:
-                    entry.items.popleft()
-                    self._done(1)
+                    self._waiting.pop(lane, None)
         finally:
             # on cancellation the rest of the lane is dropped with it
             self._done(len(entry.items))
@@ -143,6 +171,37 @@ class Lanes:
             account.lanes -= 1
             if account.lanes == 0:
                 del self._accounts[account_id]
+
+    async def _run_while_holding(self, lane: str, entry: _Lane) -> None:
+        """Run the lane's items with its slots; keep them for the next item unless told or made to yield."""
+        while True:
+            work = entry.items[0]
+            self._in_flight += 1
+            try:
+                await work()
+            except Exception as exc:
+                log.error("lane work failed", extra={"lane": lane, "error_type": type(exc).__name__})
+            finally:
+                self._in_flight -= 1
+                entry.items.popleft()
+                self._done(1)
+            if self._someone_starving():
+                return
+            if not entry.items:
+                entry.more.clear()
+                if entry.hold_ended or self._hold_s <= 0:
+                    return
+                try:
+                    async with asyncio.timeout(self._hold_s):
+                        await entry.more.wait()
+                except TimeoutError:
+                    return
+                if not entry.items:  # the hold was ended
+                    return
+
+    def _someone_starving(self) -> bool:
+        oldest = next(iter(self._waiting.values()), None)
+        return oldest is not None and time.monotonic() - oldest >= self._starving_s
 
     def _done(self, count: int) -> None:
         for _ in range(count):

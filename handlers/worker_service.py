@@ -9,7 +9,8 @@
 - **Folds** (`router`, `sweeper`): one routine for both, `fold_record`: fold the record into the key's stored
   state (`projections.steps`), write the state if it changed (and re-write it for a redelivered record), flush
   before a `create_message` is sent (its ledger entry must be durable first), send the commands and what a sweep
-  page found, set the key's timer, report turn outcomes. A `ConfigApplied` marker switches the partition's
+  page found, end the lane's hold on its slots once the run waits for nothing, set the key's timer, report turn
+  outcomes. A `ConfigApplied` marker switches the partition's
   configuration version instead.
 - **Effects**: a command runs only while its run awaits that very copy and, unless it is a read, only if no
   execution of it started before (`projections.admission`; the attempt is flushed before the call); a
@@ -264,6 +265,8 @@ class WorkerService:
         if any(command.op == "create_message" for command in step.commands):
             await self.sink.flush()  # the ledger entry is durable before the reply may be sent
         await self.send_commands(step.commands)
+        if not step.commands and not step.waiting:
+            self.lanes.end_hold(key)  # its lane's slots go to the next conversation (handlers/lanes.py)
         for found in step.found:
             await self.send("conversations", found.key, found)
         self.timers.set(

@@ -45,7 +45,7 @@ async def until(condition: Callable[[], bool]) -> None:
 
 
 async def test_items_of_one_lane_run_in_submission_order_one_at_a_time() -> None:
-    lanes = Lanes()
+    lanes = Lanes(hold_s=0)
     seen: list[int] = []
     running = 0
     overlapped = False
@@ -70,7 +70,7 @@ async def test_items_of_one_lane_run_in_submission_order_one_at_a_time() -> None
 
 
 async def test_different_lanes_run_at_the_same_time() -> None:
-    lanes = Lanes()
+    lanes = Lanes(hold_s=0)
     gauge = Gauge()
     release = asyncio.Event()
     for conversation in range(10):
@@ -83,7 +83,7 @@ async def test_different_lanes_run_at_the_same_time() -> None:
 
 
 async def test_the_global_cap_bounds_work_in_flight() -> None:
-    lanes = Lanes(global_cap=4, account_cap=100)
+    lanes = Lanes(hold_s=0, global_cap=4, account_cap=100)
     gauge = Gauge()
     release = asyncio.Event()
     for n in range(20):
@@ -99,7 +99,7 @@ async def test_the_global_cap_bounds_work_in_flight() -> None:
 
 
 async def test_the_account_cap_leaves_room_for_other_accounts() -> None:
-    lanes = Lanes(global_cap=5, account_cap=2)
+    lanes = Lanes(hold_s=0, global_cap=5, account_cap=2)
     gauge = Gauge()
     busy, other = asyncio.Event(), asyncio.Event()
     for n in range(10):  # account 1 floods ten conversations
@@ -118,7 +118,7 @@ async def test_the_account_cap_leaves_room_for_other_accounts() -> None:
 
 
 async def test_a_slow_item_delays_only_its_own_lane() -> None:
-    lanes = Lanes()
+    lanes = Lanes(hold_s=0)
     stuck = asyncio.Event()
     finished: list[str] = []
 
@@ -146,7 +146,7 @@ async def test_a_slow_item_delays_only_its_own_lane() -> None:
 
 
 async def test_an_error_is_logged_and_the_lane_goes_on(caplog: pytest.LogCaptureFixture) -> None:
-    lanes = Lanes()
+    lanes = Lanes(hold_s=0)
     done: list[int] = []
 
     async def broken() -> None:
@@ -168,7 +168,7 @@ async def test_an_error_is_logged_and_the_lane_goes_on(caplog: pytest.LogCapture
 
 
 async def test_idle_lanes_are_cleaned_up() -> None:
-    lanes = Lanes()
+    lanes = Lanes(hold_s=0)
     count = 0
 
     async def tick() -> None:
@@ -185,7 +185,7 @@ async def test_idle_lanes_are_cleaned_up() -> None:
 
 
 async def test_submit_waits_when_too_much_is_queued() -> None:
-    lanes = Lanes(max_pending=3)
+    lanes = Lanes(hold_s=0, max_pending=3)
     release = asyncio.Event()
     gauge = Gauge()
     for _ in range(3):
@@ -202,7 +202,7 @@ async def test_submit_waits_when_too_much_is_queued() -> None:
 
 
 async def test_close_cancels_queued_work_and_refuses_more() -> None:
-    lanes = Lanes()
+    lanes = Lanes(hold_s=0)
     started = asyncio.Event()
     ran_after: list[int] = []
 
@@ -222,3 +222,102 @@ async def test_close_cancels_queued_work_and_refuses_more() -> None:
     assert ran_after == [] and lanes.pending == 0 and lanes.lane_count == 0
     with pytest.raises(RuntimeError, match="closed"):
         await lanes.submit("1:1", 1, later)
+
+
+# --- first come, first served: a lane keeps its slots for its conversation's next command ---------------------
+
+
+class Turns:
+    """Conversations whose turns are a few commands each, the next queued only after the previous one ran.
+
+    `step` plays the fold's round trip: after a command ran, the conversation's next one is queued (or, after its
+    last, `end_hold` is called, as the worker does once the run waits for nothing).
+    """
+
+    def __init__(self, lanes: Lanes, steps: int, *, end_holds: bool = True) -> None:
+        self.lanes = lanes
+        self.steps = steps
+        self.end_holds = end_holds
+        self.ran: list[tuple[str, int]] = []
+        self.ended: list[str] = []
+        self.round_trips: set[asyncio.Task[None]] = set()
+
+    def command(self, lane: str, n: int) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            self.ran.append((lane, n))
+            task = asyncio.create_task(self.next_after(lane, n))
+            self.round_trips.add(task)
+            task.add_done_callback(self.round_trips.discard)
+
+        return run
+
+    async def next_after(self, lane: str, n: int) -> None:
+        for _ in range(3):  # the outcome goes through the fold before the next command comes back
+            await asyncio.sleep(0)
+        if n + 1 < self.steps:
+            await self.lanes.submit(lane, 1, self.command(lane, n + 1))
+            return
+        self.ended.append(lane)
+        if self.end_holds:
+            self.lanes.end_hold(lane)
+
+
+async def test_the_first_conversations_of_a_burst_finish_first() -> None:
+    lanes = Lanes(account_cap=2, hold_s=30.0)  # a hold that ran out would blow the deadline
+    turns = Turns(lanes, steps=5)
+    for conversation in range(6):
+        await lanes.submit(f"1:{conversation}", 1, turns.command(f"1:{conversation}", 0))
+    await until(lambda: len(turns.ended) == 6)
+    # two slots: conversations 0 and 1 run their whole turns before 2 and 3 start, and so on
+    first_of_third = turns.ran.index(("1:2", 0))
+    assert sorted(turns.ran[:first_of_third]) == [(lane, n) for lane in ("1:0", "1:1") for n in range(5)]
+    first_of_fifth = turns.ran.index(("1:4", 0))
+    assert {lane for lane, _ in turns.ran[first_of_third:first_of_fifth]} == {"1:2", "1:3"}
+    await until(lambda: lanes.lane_count == 0)
+
+
+async def test_without_holding_a_burst_advances_in_lockstep() -> None:
+    """The behaviour holding replaces: every conversation advances one step per pass and all end together."""
+    lanes = Lanes(account_cap=2, hold_s=0)
+    turns = Turns(lanes, steps=5)
+    for conversation in range(6):
+        await lanes.submit(f"1:{conversation}", 1, turns.command(f"1:{conversation}", 0))
+    await until(lambda: len(turns.ended) == 6)
+    assert turns.ran.index(("1:5", 0)) < turns.ran.index(("1:0", 1))  # every turn started before any went on
+
+
+async def test_a_hold_nobody_ends_runs_out_and_the_lane_goes_away() -> None:
+    lanes = Lanes(account_cap=1, hold_s=0.05)
+    turns = Turns(lanes, steps=2, end_holds=False)
+    await lanes.submit("1:1", 1, turns.command("1:1", 0))
+    await lanes.submit("1:2", 1, turns.command("1:2", 0))
+    await until(lambda: len(turns.ended) == 2)  # 1:2 got the slot once 1:1's hold ran out
+    assert turns.ended == ["1:1", "1:2"]
+    await until(lambda: lanes.lane_count == 0)
+    assert not lanes._accounts
+
+
+async def test_a_lane_that_waited_too_long_makes_holders_yield() -> None:
+    lanes = Lanes(account_cap=1, hold_s=30.0, starving_s=0.05)
+    release = asyncio.Event()
+    holder_steps = 0
+
+    async def holder() -> None:
+        nonlocal holder_steps
+        holder_steps += 1
+        await lanes.submit("1:1", 1, holder)  # a conversation that always has another command
+        await release.wait()
+        await asyncio.sleep(0)
+
+    waited: list[str] = []
+
+    async def waiter() -> None:
+        waited.append("1:2")
+
+    await lanes.submit("1:1", 1, holder)
+    await lanes.submit("1:2", 1, waiter)
+    await until(lambda: holder_steps == 1)
+    release.set()  # from now on the holder runs command after command with its slot
+    await until(lambda: waited == ["1:2"])
+    assert holder_steps >= 1
+    await lanes.close()

@@ -8,6 +8,7 @@ offset and delivered back to the agent that reads that topic, until nothing move
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from handlers.lanes import Lanes
@@ -92,7 +93,7 @@ def new_service(tables: WorkerTables, chatwoot: FakeChatwoot, config: RouterConf
         own_document=document,
         load_book=no_book,
         reader=NoGaps(),
-        lanes=Lanes(),
+        lanes=Lanes(hold_s=3600.0),  # a lane the fold forgot to let go of would stay
         now_ms=lambda: T0,
     )
 
@@ -147,6 +148,9 @@ async def test_a_webhook_is_routed_to_its_owner_through_the_service() -> None:
     assert wakeup_of(state(tables)) is None and service.timers.pending() == 0  # nothing due any more
     assert tables.timers.get(KEY) is None  # nor listed
     assert isinstance(tables.timers, MemoryTable) and tables.timers.writes == 2  # listed once, unlisted once
+    async with asyncio.timeout(5):  # the turn ended: its lane gave its slots back (handlers/lanes.py)
+        while service.lanes.lane_count:
+            await asyncio.sleep(0)
 
 
 async def test_a_reply_command_delivered_again_after_a_restart_is_never_sent_twice() -> None:
