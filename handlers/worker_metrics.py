@@ -56,6 +56,12 @@ class WorkerMetrics:
         self.runs_resumed = Counter(
             "router_runs_resumed_total", "runs resumed at once after their partition moved here", registry=r
         )
+        self.commands_chained = Counter(
+            "router_effect_commands_chained_total",
+            "reads run right after the previous read, without a trip through the effects topic",
+            ["op"],
+            registry=r,
+        )
         self.commands_dropped = Counter(
             "router_effect_commands_dropped_total",
             "commands consumed but not executed: stale (the run moved on) or redelivered (already started)",

@@ -15,6 +15,12 @@
 - **Effects**: a command runs only while its run awaits that very copy and, unless it is a read, only if no
   execution of it started before (`projections.admission`; the attempt is flushed before the call); a
   redelivered reply is reported `unconfirmed`, never sent again. Outcomes go back to the key's topic.
+- **Chained reads**: after a conversation's read, the service folds its outcome in memory (the same pure fold,
+  on the stored state); when that fold would issue exactly one more read, the service runs it at once in the
+  same lane, and the command is not sent when the real fold issues it (`fold_record` skips that very copy). Each
+  outcome is still its own event, in order, so the log and every replay are as before; the outcome of a chained
+  read names the command copy it answers (`EffectOutcome.answers`), and the fold takes it only for that copy.
+  This saves a command record and a trip through Kafka per chained read; the requests are the same.
 - **Timers** (`handlers.worker_timers`): `fire_due_timers` emits `TimerFired` for what is due and resumes runs
   whose awaited command was issued by another process.
 """
@@ -27,16 +33,17 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiokafka.errors import KafkaError
 
 from handlers.lanes import Lanes
 from handlers.partition_reader import RangeNotRead
+from handlers.state_cache import ModelCache
 from handlers.worker_metrics import WorkerMetrics
 from handlers.worker_ports import TP, Executor, GapReader, Sink, SourceRecord, Table
 from handlers.worker_timers import Timers
-from projections.admission import Attempt, admit, needs_attempt_record
+from projections.admission import READS, Attempt, admit, needs_attempt_record
 from projections.offsets import OffsetTracker
 from projections.steps import Step, conversation_step, sweep_step
 from schemas.codec import (
@@ -49,7 +56,6 @@ from schemas.codec import (
     dlq_headers,
     encode,
 )
-from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument
 from schemas.keys import SWEEP_STATUSES, is_conversation_key, partition_slot
 from schemas.records import (
@@ -62,11 +68,18 @@ from schemas.records import (
     TimerFired,
     TurnOutcome,
 )
+from schemas.state import ConversationState, SweepState
 
 log = logging.getLogger("chatwoot_router.worker")
 
 Handler = Callable[[SourceRecord], Awaitable[None]]
 BookLoader = Callable[[], Awaitable[ConfigBook]]
+
+
+CHAINED_READS = READS - {"list_conversations"}
+"""Reads of a conversation that may run right after the previous one (a sweep page is not chained)."""
+MAX_CHAIN = 16
+"""At most this many reads run back to back for one command (a run's request budget ends it sooner)."""
 
 
 def wall_clock_ms() -> int:
@@ -101,6 +114,7 @@ class WorkerService:
         metrics: WorkerMetrics | None = None,
         now_ms: Callable[[], int] = wall_clock_ms,
         instance_id: str | None = None,
+        max_chain: int = MAX_CHAIN,
     ) -> None:
         self.tables = tables
         self.sink = sink
@@ -115,6 +129,12 @@ class WorkerService:
         # tells this process's commands from those of a dead or departed one
         self.instance_id = instance_id or uuid.uuid4().hex
         self.timers = Timers(tables.timers, tables.states, tables.sweep_states)
+        # the fold states, decoded once and written through (handlers/state_cache.py)
+        self.states = ModelCache(tables.states, ConversationState)
+        self.sweep_states = ModelCache(tables.sweep_states, SweepState)
+        # conversation key -> command id -> the chained read this process runs (or ran) before the fold issues it
+        self.chained: dict[str, dict[str, EffectCommand]] = {}
+        self.max_chain = max_chain
         self.offsets = OffsetTracker()
         self._handlers: dict[str, Handler] = {
             "router": self.on_conversation_record,
@@ -203,6 +223,13 @@ class WorkerService:
         headers = dlq_headers(error, record.topic, record.partition, record.offset)
         await self.sink.send("dlq", key, record.value if record.value is not None else b"", headers)
 
+    def forget_states(self) -> None:
+        """At a rebalance: decoded states are read again from the tables (a partition that comes back may have
+        been written by another owner), and chained reads in flight lose their claim (at worst a read twice)."""
+        self.states.clear()
+        self.sweep_states.clear()
+        self.chained.clear()
+
     # --- configuration versions (DESIGN §8) ------------------------------------------------------------------
 
     def document_in_force(self, source: str, partition: int) -> ConfigDocument:
@@ -229,17 +256,16 @@ class WorkerService:
     # --- the folds ---------------------------------------------------------------------------------------------
 
     async def on_conversation_record(self, record: SourceRecord) -> None:
-        states = self.tables.states
-        await self.fold_record("conversations", record, states, decode_conversation_event, conversation_step)
+        await self.fold_record("conversations", record, self.states, decode_conversation_event, conversation_step)
 
     async def on_sweep_record(self, record: SourceRecord) -> None:
-        await self.fold_record("sweeps", record, self.tables.sweep_states, decode_sweep_event, sweep_step)
+        await self.fold_record("sweeps", record, self.sweep_states, decode_sweep_event, sweep_step)
 
     async def fold_record(
         self,
         source: str,
         record: SourceRecord,
-        table: Table,
+        table: ModelCache[Any],
         decode: Callable[[bytes | None], Any],
         step_of: Callable[[Any, Any, ConfigDocument, int], Step],
     ) -> None:
@@ -258,13 +284,13 @@ class WorkerService:
         # past this record (docs/consumer-gaps.md §2); the same for the key's entry in the timers table.
         redelivered = not step.changed and stored is not None
         if step.changed:
-            table.set(key, step.state.model_dump(mode="json"))
+            table.set(key, step.state)
             self.metrics.events_folded.labels(source, event.type).inc()
         elif redelivered:
             table.set(key, stored)
         if any(command.op == "create_message" for command in step.commands):
             await self.sink.flush()  # the ledger entry is durable before the reply may be sent
-        await self.send_commands(step.commands)
+        await self.send_commands(self.unchained(key, step))
         if not step.commands and not step.waiting:
             self.lanes.end_hold(key)  # its lane's slots go to the next conversation (handlers/lanes.py)
         for found in step.found:
@@ -280,6 +306,21 @@ class WorkerService:
         for outcome in step.outcomes:
             report_turn(self.metrics, outcome)
 
+    def unchained(self, key: str, step: Step) -> list[EffectCommand]:
+        """The step's commands less the chained read this process already runs for that very copy."""
+        chained = self.chained.get(key)
+        if chained is None:
+            return step.commands
+        commands = []
+        for command in step.commands:
+            if chained.pop(command.command_id, None) == command:
+                self.metrics.commands_chained.labels(command.op).inc()
+                continue
+            commands.append(command)
+        if not chained or not step.waiting:
+            del self.chained[key]
+        return commands
+
     async def send_commands(self, commands: list[EffectCommand]) -> None:
         for command in commands:
             await self.send("effects", command.key, command)
@@ -292,13 +333,12 @@ class WorkerService:
 
     def awaited_command(self, key: str) -> EffectCommand | None:
         """The command the key's run (or sweep page) waits for now, as the fold recorded it."""
-        conversation = is_conversation_key(key)
-        stored = (self.tables.states if conversation else self.tables.sweep_states).get(key)
-        if not isinstance(stored, dict):
-            return None
-        holder = stored.get("run") if conversation else stored
-        pending = holder.get("pending") if isinstance(holder, dict) else None
-        return EffectCommand.model_validate(pending) if pending is not None else None
+        if is_conversation_key(key):
+            state = self.states.get(key)
+            run = state.run if state is not None else None
+            return run.pending if run is not None else None
+        sweep = self.sweep_states.get(key)
+        return sweep.pending if sweep is not None else None
 
     async def dispatch_command(self, record: SourceRecord) -> None:
         """Hand a command to its lane only while its run awaits it and no execution of it started (DESIGN §6)."""
@@ -319,8 +359,8 @@ class WorkerService:
         if needs_attempt_record(command):
             self.tables.effect_attempts.set(command.key, Attempt.of(command, self.instance_id).model_dump(mode="json"))
             await self.sink.flush()  # the attempt is durable before the call can happen
-        config = self.document_in_force("conversations", record.partition).config
-        await self.lanes.submit(command.key, command.account_id, lambda: self.execute(command, config))
+        document = self.document_in_force("conversations", record.partition)
+        await self.lanes.submit(command.key, command.account_id, lambda: self.execute(command, document))
 
     async def report_unconfirmed(self, command: EffectCommand) -> None:
         """The outcome of a reply whose earlier attempt's result is unknown: the fold checks history or hands off."""
@@ -337,13 +377,64 @@ class WorkerService:
         self.metrics.count_outcome(outcome, 0.0)
         await self.send("conversations", command.key, outcome)
 
-    async def execute(self, command: EffectCommand, config: RouterConfig | None = None) -> None:
-        """Run one command in its lane and record its outcome as an event on the command's key."""
+    async def execute(self, command: EffectCommand, document: ConfigDocument | None = None) -> None:
+        """Run one command in its lane and record its outcome as an event on the command's key; after a read of a
+        conversation, run the reads the fold will issue next (`chain_reads`)."""
+        outcome = await self.run_command(command, document)
+        if command.op == "list_conversations":
+            await self.send("sweeps", command.key, outcome)
+        elif document is None or command.op not in CHAINED_READS:
+            await self.send("conversations", command.key, outcome)
+        else:
+            await self.chain_reads(command, outcome, document)
+
+    async def run_command(self, command: EffectCommand, document: ConfigDocument | None) -> EffectOutcome:
         started = time.monotonic()
-        outcome = await self.executor.execute(command, config)
+        outcome = await self.executor.execute(command, document.config if document is not None else None)
         self.metrics.count_outcome(outcome, time.monotonic() - started)
-        topic = "sweeps" if command.op == "list_conversations" else "conversations"
-        await self.send(topic, command.key, outcome)
+        return outcome
+
+    async def chain_reads(self, command: EffectCommand, outcome: EffectOutcome, document: ConfigDocument) -> None:
+        """Send `outcome`; while folding it (in memory, on the stored state) issues exactly one more read, run
+        that read at once and send its outcome too, each an event of its own.
+
+        The next read is registered in `chained` before the outcome that leads to it is sent, so `fold_record`
+        finds it when the real fold issues that command. If the real fold takes another step (an event came in
+        between), it sends its own command, and the chained outcome, which names the copy it answers, is stale.
+        """
+        key = command.key
+        state = self.states.get(key)
+        offset = state.offset if state is not None else -1
+        for _ in range(self.max_chain):
+            offset += 1  # any offset past the state's: what the fold issues does not depend on it
+            step = self._step_after(state, command, outcome, document, offset)
+            following = step.commands[0] if step is not None and len(step.commands) == 1 else None
+            if step is None or following is None or following.op not in CHAINED_READS:
+                break
+            self.chained.setdefault(key, {})[following.command_id] = following
+            await self.send("conversations", key, outcome)
+            result = await self.run_command(following, document)
+            state = cast(ConversationState, step.state)
+            command, outcome = following, result.model_copy(update={"answers": following.digest()})
+        await self.send("conversations", key, outcome)
+
+    def _step_after(
+        self,
+        state: ConversationState | None,
+        command: EffectCommand,
+        outcome: EffectOutcome,
+        document: ConfigDocument,
+        offset: int,
+    ) -> Step | None:
+        """The fold of `outcome` on `state` if the state's run awaits `command`; None (no chaining) otherwise."""
+        run = state.run if state is not None else None
+        if run is None or run.pending != command:
+            return None
+        try:
+            return conversation_step(state, outcome, document, offset)
+        except Exception as exc:  # the real fold will meet it too (and send the record to the DLQ); not here
+            log.warning("chained read not run", extra={"key": command.key, "error_type": type(exc).__name__})
+            return None
 
     async def drain_effects(self, timeout_s: float, why: str) -> None:
         """Let running effects finish (bounded), so their outcomes reach Kafka before partitions move or stop."""

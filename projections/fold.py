@@ -65,10 +65,15 @@ def _apply(f: Folder, event: Event) -> None:
 
 
 def _on_outcome(f: Folder, o: EffectOutcome) -> None:
-    """The outcome of the run's pending command advances the run by its phase's handler; any other is stale."""
+    """The outcome of the run's pending command advances the run by its phase's handler; any other is stale.
+
+    An outcome of a chained read (`answers` set: the worker ran the read it expected the fold to issue next)
+    counts only if the fold did issue that very copy."""
     run = f.run
-    if run is None or run.pending is None or o.command_id != run.pending.command_id:
+    if run is None or run.pending is None or o.command_id != run.pending.command_id or o.op != run.pending.op:
         return  # stale or duplicate
+    if o.answers is not None and o.answers != run.pending.digest():
+        return  # a chained read of a step the fold took otherwise
     f.set_run(pending=None, deadline_ms=None, requests=run.requests + o.requests)
     PHASE_HANDLERS[run.phase](f, o)
 

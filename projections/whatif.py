@@ -391,7 +391,10 @@ class _Replay:
             self.used.add(index)
             recorded = self.turn.steps[index].event
             assert isinstance(recorded, EffectOutcome)
-            self.feed(recorded.model_copy(update={"command_id": pending.command_id, "key": pending.key}))
+            # the candidate's own copy of the step: a chained read's `answers` named the live copy
+            self.feed(
+                recorded.model_copy(update={"command_id": pending.command_id, "key": pending.key, "answers": None})
+            )
         return self.outcome
 
     def _recorded(self, slot: Slot, params: CommandParams) -> int | None:

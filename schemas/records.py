@@ -7,6 +7,7 @@ what the rules read: no contact names, no e-mail addresses, no unredacted custom
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -275,6 +276,10 @@ class EffectCommand(Record):
     def op(self) -> Op:
         return self.params.op
 
+    def digest(self) -> str:
+        """Names this exact copy of the command (id, issue time and parameters): see `EffectOutcome.answers`."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:32]
+
 
 # --- effect outcomes (events on the command's key) ---
 
@@ -389,6 +394,11 @@ class EffectOutcome(Record):
     result: OutcomeResult | None = None
     error: EffectError | None = None
     requests: int = 0
+    answers: str | None = Field(
+        default=None,
+        description="the digest of the command copy this answers, when the worker ran a chained read before the"
+        " fold issued it (DESIGN §6; the fold takes it only for that very copy)",
+    )
 
 
 MARKER_KEY = "config"

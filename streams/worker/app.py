@@ -190,6 +190,7 @@ class WorkerApp:
     async def _on_revoked(self, sender: Any, revoked: Any, **kwargs: Any) -> None:
         """Before partitions move, let running effects finish and their outcomes reach Kafka (bounded): the new
         owner folds them before it resumes anything; what runs longer may still be re-issued there."""
+        self.service.forget_states()
         if self.service.lanes.pending:
             await self.service.drain_effects(REVOKE_DRAIN_S, "while partitions move")
             await self.app.producer.flush()
@@ -198,6 +199,7 @@ class WorkerApp:
         """A rebalance ended: learn where each owned source partition resumes (committed offset or log start)."""
         sources = self._source_topics()
         owned = [(tp.topic, tp.partition) for tp in assigned if tp.topic in sources]
+        self.service.forget_states()
         try:
             starts = await self.reader.resume_points(owned)
         except Exception as exc:  # the first record of each partition then sets its start

@@ -75,7 +75,9 @@ def new_tables() -> WorkerTables:
     return WorkerTables(MemoryTable(), MemoryTable(), MemoryTable(), MemoryTable(), MemoryTable())
 
 
-def new_service(tables: WorkerTables, chatwoot: FakeChatwoot, config: RouterConfig | None = None) -> WorkerService:
+def new_service(
+    tables: WorkerTables, chatwoot: FakeChatwoot, config: RouterConfig | None = None, *, max_chain: int = 16
+) -> WorkerService:
     document = ConfigDocument.of(config or make_config(), FoldSettings(retry_base_ms=1000))
 
     async def no_book() -> ConfigBook:
@@ -95,6 +97,7 @@ def new_service(tables: WorkerTables, chatwoot: FakeChatwoot, config: RouterConf
         reader=NoGaps(),
         lanes=Lanes(hold_s=3600.0),  # a lane the fold forgot to let go of would stay
         now_ms=lambda: T0,
+        max_chain=max_chain,
     )
 
 
@@ -250,3 +253,71 @@ async def test_a_redelivered_record_rewrites_the_state_it_finds() -> None:
     assert (states.get(KEY), timers.get(KEY)) == (before[2], before[3])  # the same values, written again
     assert restarted.timers.index.due_of(KEY) == wakeup_of(state(tables))  # and its due time indexed
     assert [decode_command(r.value).op for r in bus.records("effects")] == ["get_conversation"]  # no new command
+
+
+# --- chained reads ----------------------------------------------------------------------------------------------
+
+
+def outcomes_of(bus: Bus) -> list[EffectOutcome]:
+    return [
+        EffectOutcome.model_validate_json(r.value or b"")
+        for r in bus.records("conversations")
+        if b'"effect_outcome"' in (r.value or b"")
+    ]
+
+
+async def test_chained_reads_make_the_same_requests_with_fewer_commands() -> None:
+    """A read the fold would issue next runs at once; the log still has every outcome, the effects topic fewer."""
+    runs = {}
+    for max_chain in (0, 16):
+        chatwoot = FakeChatwoot(messages=[incoming(1, "I was charged twice")])
+        tables, bus = new_tables(), Bus()
+        service = new_service(tables, chatwoot, max_chain=max_chain)
+        webhook(bus)
+        await run_until_quiet(service, bus)
+        runs[max_chain] = (chatwoot, bus, tables, service)
+    (plain, plain_bus, plain_tables, _), (chained, chained_bus, chained_tables, service) = runs[0], runs[16]
+    assert chained.ops() == plain.ops() and chained.ops()[-1] == "assign"  # the very same requests, in order
+    sent = [decode_command(r.value).op for r in chained_bus.records("effects")]
+    assert sent == ["get_conversation", "decide", "get_conversation", "assign"]  # each after a non-read
+    assert len(plain_bus.records("effects")) == 12
+    # every outcome is still an event of its own, in the same order; the 8 chained ones name their command copy
+    assert [o.op for o in outcomes_of(chained_bus)] == [o.op for o in outcomes_of(plain_bus)]
+    assert sum(o.answers is not None for o in outcomes_of(chained_bus)) == 8
+    assert service.metrics.commands_chained.labels("read_turn")._value.get() == 3
+    plain_end, chained_end = state(plain_tables), state(chained_tables)
+    assert plain_end.run is None and chained_end.run is None and plain_end.runs == chained_end.runs
+    assert plain_end.guard.model_copy(update={"offset": 0}) == chained_end.guard.model_copy(update={"offset": 0})
+    assert not service.chained  # nothing left claimed
+
+
+async def test_a_chained_read_of_a_step_the_fold_took_otherwise_is_stale_and_the_real_command_goes_out() -> None:
+    chatwoot = FakeChatwoot(messages=[incoming(1, "I was charged twice")])
+    tables, bus = new_tables(), Bus()
+    service = new_service(tables, chatwoot, max_chain=0)
+    webhook(bus)
+    await deliver(service, bus, bus.records("conversations")[0])
+    bus.delivered["conversations"] = 1
+    head = decode_command(bus.records("effects")[0].value)
+    await deliver(service, bus, bus.records("effects")[0])  # the snapshot read; its outcome is now in the log
+    bus.delivered["effects"] = 1
+    # this process claims a different copy of step 2 than the fold will issue (as if an event came in between)
+    expected = head.model_copy(update={"command_id": head.command_id[: head.command_id.rfind(":")] + ":2"})
+    service.chained[KEY] = {expected.command_id: expected}
+    await deliver(service, bus, bus.records("conversations")[1])
+    bus.delivered["conversations"] = 2
+    real = decode_command(bus.records("effects")[-1].value)
+    assert (real.command_id, real.op) == (expected.command_id, "get_inbox_bot")  # sent: not the claimed copy
+    before = state(tables)
+    stale = EffectOutcome(
+        at_ms=T0,
+        key=KEY,
+        account_id=ACCOUNT,
+        command_id=real.command_id,
+        op="get_inbox_bot",
+        answers=expected.digest(),
+    )
+    await deliver(service, bus, bus.append("conversations", KEY, stale.model_dump_json().encode()))
+    assert state(tables).run == before.run  # the outcome of the other copy changed nothing
+    await run_until_quiet(service, bus)
+    assert chatwoot.ops()[-1] == "assign"
