@@ -22,7 +22,8 @@ from handlers.worker_ports import Table
 
 M = TypeVar("M", bound=BaseModel)
 
-CAPACITY = 20_000
+CAPACITY = 4096
+"""Enough for the conversations in flight; a state is a few KB of objects, so a few tens of MB at most."""
 
 
 class ModelCache(Generic[M]):

@@ -15,7 +15,7 @@
 - **Effects**: a command runs only while its run awaits that very copy and, unless it is a read, only if no
   execution of it started before (`projections.admission`; the attempt is flushed before the call); a
   redelivered reply is reported `unconfirmed`, never sent again. Outcomes go back to the key's topic.
-- **Chained reads**: after a conversation's read, the service folds its outcome in memory (the same pure fold,
+- **Chained reads**: after a conversation's command, the service folds its outcome in memory (the same pure fold,
   on the stored state); when that fold would issue exactly one more read, the service runs it at once in the
   same lane, and the command is not sent when the real fold issues it (`fold_record` skips that very copy). Each
   outcome is still its own event, in order, so the log and every replay are as before; the outcome of a chained
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from aiokafka.errors import KafkaError
+from pydantic import ValidationError
 
 from handlers.lanes import Lanes
 from handlers.partition_reader import RangeNotRead
@@ -378,12 +379,12 @@ class WorkerService:
         await self.send("conversations", command.key, outcome)
 
     async def execute(self, command: EffectCommand, document: ConfigDocument | None = None) -> None:
-        """Run one command in its lane and record its outcome as an event on the command's key; after a read of a
-        conversation, run the reads the fold will issue next (`chain_reads`)."""
+        """Run one command in its lane and record its outcome as an event on the command's key; for a
+        conversation, then run the reads the fold will issue next (`chain_reads`)."""
         outcome = await self.run_command(command, document)
         if command.op == "list_conversations":
             await self.send("sweeps", command.key, outcome)
-        elif document is None or command.op not in CHAINED_READS:
+        elif document is None or not is_conversation_key(command.key):
             await self.send("conversations", command.key, outcome)
         else:
             await self.chain_reads(command, outcome, document)
@@ -396,14 +397,18 @@ class WorkerService:
 
     async def chain_reads(self, command: EffectCommand, outcome: EffectOutcome, document: ConfigDocument) -> None:
         """Send `outcome`; while folding it (in memory, on the stored state) issues exactly one more read, run
-        that read at once and send its outcome too, each an event of its own.
+        that read at once and send its outcome too, each an event of its own. Only reads are run this way (running
+        one twice is harmless); the command before them may be any (a reply, System One's decision, …).
 
         The next read is registered in `chained` before the outcome that leads to it is sent, so `fold_record`
         finds it when the real fold issues that command. If the real fold takes another step (an event came in
         between), it sends its own command, and the chained outcome, which names the copy it answers, is stale.
         """
         key = command.key
-        state = self.states.get(key)
+        try:
+            state = self.states.get(key)
+        except ValidationError:  # the fold sends such a record to the DLQ; the outcome still goes out
+            state = None
         offset = state.offset if state is not None else -1
         for _ in range(self.max_chain):
             offset += 1  # any offset past the state's: what the fold issues does not depend on it
