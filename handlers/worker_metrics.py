@@ -30,7 +30,12 @@ class WorkerMetrics:
         self.events_folded = Counter(
             "router_events_folded_total", "events applied by the folds", ["topic", "type"], registry=r
         )
-        self.commands = Counter("router_effect_commands_total", "effect commands emitted", ["op"], registry=r)
+        self.commands = Counter(
+            "router_effect_commands_total",
+            "effect commands issued (sent, or run at once as chained reads)",
+            ["op"],
+            registry=r,
+        )
         self.outcomes = Counter(
             "router_effect_outcomes_total", "effect outcomes by op and class", ["op", "class"], registry=r
         )

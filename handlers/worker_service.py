@@ -315,6 +315,7 @@ class WorkerService:
         commands = []
         for command in step.commands:
             if chained.pop(command.command_id, None) == command:
+                self.metrics.commands.labels(command.op).inc()
                 self.metrics.commands_chained.labels(command.op).inc()
                 continue
             commands.append(command)
