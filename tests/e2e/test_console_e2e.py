@@ -23,7 +23,7 @@ from handlers.config_store import read_book
 from handlers.demo import main_outcome
 from projections.audit import LogReplay
 from schemas.config import load_config_file
-from schemas.records import EffectCommand
+from schemas.records import EffectOutcome
 from streams.kafka_local import free_port
 from tests.support.kafka import read_all
 from tests.support.processes import Process
@@ -85,9 +85,12 @@ async def expected_tiles(stack: Stack) -> dict[str, int]:
     }
 
 
-async def commands_for(stack: Stack, key: str) -> list[EffectCommand]:
-    records = await read_all(stack.env["KAFKA_BOOTSTRAP_SERVERS"], f"{stack.env['ROUTER_APP_ID']}.effects")
-    return [EffectCommand.model_validate_json(r.value) for r in records if r.key == key.encode()]
+async def calls_for(stack: Stack, key: str) -> list[EffectOutcome]:
+    """Every call made for the conversation, from the log: each has its outcome event (a chained read has no
+    command record on the effects topic, but its outcome is there like any other)."""
+    records = await read_all(stack.env["KAFKA_BOOTSTRAP_SERVERS"], f"{stack.env['ROUTER_APP_ID']}.conversations")
+    mine = [r.value for r in records if r.key == key.encode() and b'"effect_outcome"' in r.value]
+    return [EffectOutcome.model_validate_json(value) for value in mine]
 
 
 async def _tiles(page: Any) -> dict[str, int]:
@@ -162,7 +165,7 @@ async def _browse(e2e: Stack, console: str, tmp_path: Path) -> None:
             await page.fill("input[name=q]", f"1:{retried}")
             await page.click("header button[type=submit]")
             await page.wait_for_url(f"**/conversations/1:{retried}")
-            issued = await commands_for(e2e, f"1:{retried}")
+            issued = await calls_for(e2e, f"1:{retried}")
             calls = page.locator("svg.timeline g.call")
             assert await calls.count() == len(issued) >= 8
             ops = [await calls.nth(i).get_attribute("data-op") for i in range(await calls.count())]
