@@ -63,7 +63,7 @@ class WorkerMetrics:
         )
         self.commands_chained = Counter(
             "router_effect_commands_chained_total",
-            "reads run right after the previous read, without a trip through the effects topic",
+            "reads run right after the conversation's previous command, without a trip through the effects topic",
             ["op"],
             registry=r,
         )
