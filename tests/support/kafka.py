@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from handlers import kafka_io
 
 
 async def create_topic(bootstrap: str, name: str, partitions: int) -> None:
@@ -21,52 +21,27 @@ async def create_topic(bootstrap: str, name: str, partitions: int) -> None:
 
 
 async def partition_count(bootstrap: str, topic: str) -> int:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
+    """How many partitions the topic has (0 when it does not exist)."""
     try:
-        (described,) = await admin.describe_topics([topic])
-        return len(described["partitions"])
-    finally:
-        await admin.close()
+        return len(await kafka_io.topic_partitions(bootstrap, topic))
+    except LookupError:
+        return 0
 
 
 async def read_topic(bootstrap: str, topic: str) -> list[tuple[str, dict[str, Any]]]:
     """Every record now in the topic, as (key, decoded value), read from the start of each partition."""
-    partitions = [TopicPartition(topic, p) for p in range(await partition_count(bootstrap, topic))]
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        expected = sum(ends.values())
-        records: list[tuple[str, dict[str, Any]]] = []
-        deadline = time.monotonic() + 20
-        while len(records) < expected and time.monotonic() < deadline:
-            batch = await consumer.getmany(timeout_ms=500)
-            for messages in batch.values():
-                records += [(m.key.decode(), json.loads(m.value)) for m in messages]
-        assert len(records) == expected
-        return records
-    finally:
-        await consumer.stop()
+    records: list[tuple[str, dict[str, Any]]] = []
+    async with asyncio.timeout(20):
+        await kafka_io.read_topic(bootstrap, topic, lambda m: records.append((m.key.decode(), json.loads(m.value))))
+    return records
 
 
 async def read_all(bootstrap: str, topic: str) -> list[Any]:
-    """Every record in `topic` (all partitions), in partition order, as aiokafka's records."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
+    """Every record in `topic` (all partitions), as aiokafka's records; none when the topic does not exist."""
+    records: list[Any] = []
     try:
-        partitions = [TopicPartition(topic, p) for p in range(await partition_count(bootstrap, topic))]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        records: list[Any] = []
         async with asyncio.timeout(60):
-            while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
-                batch = await consumer.getmany(timeout_ms=500)
-                for messages in batch.values():
-                    records += messages
-        return records
-    finally:
-        await consumer.stop()
+            await kafka_io.read_topic(bootstrap, topic, records.append)
+    except LookupError:
+        return []
+    return records
