@@ -44,7 +44,7 @@ from handlers.state_cache import ModelCache
 from handlers.worker_metrics import WorkerMetrics
 from handlers.worker_ports import TP, Executor, GapReader, Sink, SourceRecord, Table
 from handlers.worker_timers import Timers
-from projections.admission import READS, Attempt, admit, needs_attempt_record
+from projections.admission import Attempt, admit, needs_attempt_record
 from projections.offsets import OffsetTracker
 from projections.steps import Step, conversation_step, sweep_step
 from schemas.codec import (
@@ -60,6 +60,8 @@ from schemas.codec import (
 from schemas.configs import ConfigBook, ConfigDocument
 from schemas.keys import SWEEP_STATUSES, is_conversation_key, partition_slot
 from schemas.records import (
+    CONVERSATION_READS,
+    ChainedOutcomes,
     ConfigApplied,
     EffectCommand,
     EffectError,
@@ -77,7 +79,7 @@ Handler = Callable[[SourceRecord], Awaitable[None]]
 BookLoader = Callable[[], Awaitable[ConfigBook]]
 
 
-CHAINED_READS = READS - {"list_conversations"}
+CHAINED_READS = CONVERSATION_READS
 """Reads of a conversation that may run right after the previous one (a sweep page is not chained)."""
 MAX_CHAIN = 16
 """At most this many reads run back to back for one command (a run's request budget ends it sooner)."""
@@ -315,9 +317,7 @@ class WorkerService:
         commands = []
         for command in step.commands:
             if chained.pop(command.command_id, None) == command:
-                self.metrics.commands.labels(command.op).inc()
-                self.metrics.commands_chained.labels(command.op).inc()
-                continue
+                continue  # counted when it ran
             commands.append(command)
         if not chained or not step.waiting:
             del self.chained[key]
@@ -397,13 +397,17 @@ class WorkerService:
         return outcome
 
     async def chain_reads(self, command: EffectCommand, outcome: EffectOutcome, document: ConfigDocument) -> None:
-        """Send `outcome`; while folding it (in memory, on the stored state) issues exactly one more read, run
-        that read at once and send its outcome too, each an event of its own. Only reads are run this way (running
-        one twice is harmless); the command before them may be any (a reply, System One's decision, …).
+        """Record `outcome`; while folding it (in memory, on the stored state) issues exactly one more read, run
+        that read at once. Only reads are run this way (running one twice is harmless); the command before them
+        may be any (a reply, System One's decision, …).
 
-        The next read is registered in `chained` before the outcome that leads to it is sent, so `fold_record`
-        finds it when the real fold issues that command. If the real fold takes another step (an event came in
-        between), it sends its own command, and the chained outcome, which names the copy it answers, is stale.
+        The outcome of anything but a read is sent at once, as its own event (a crash must not make it run again),
+        and the first read after it is registered in `chained` first, so that `fold_record` does not send that
+        command when the real fold issues it. The outcomes of reads are held back and sent together as one
+        `ChainedOutcomes` event when the chain ends: the fold applies them in order, as if each were its own
+        event. Each chained read names the command copy it answers (`EffectOutcome.answers`): if the real fold
+        took another step (an event came in between), the chained outcome is stale and the fold's own command
+        goes out.
         """
         key = command.key
         try:
@@ -411,18 +415,24 @@ class WorkerService:
         except ValidationError:  # the fold sends such a record to the DLQ; the outcome still goes out
             state = None
         offset = state.offset if state is not None else -1
+        reads: list[EffectOutcome] = []
         for _ in range(self.max_chain):
             offset += 1  # any offset past the state's: what the fold issues does not depend on it
             step = self._step_after(state, command, outcome, document, offset)
             following = step.commands[0] if step is not None and len(step.commands) == 1 else None
             if step is None or following is None or following.op not in CHAINED_READS:
                 break
-            self.chained.setdefault(key, {})[following.command_id] = following
-            await self.send("conversations", key, outcome)
+            if command.op in CHAINED_READS:
+                reads.append(outcome)
+            else:
+                self.chained.setdefault(key, {})[following.command_id] = following
+                await self.send("conversations", key, outcome)
+            self.metrics.commands.labels(following.op).inc()
+            self.metrics.commands_chained.labels(following.op).inc()
             result = await self.run_command(following, document)
             state = cast(ConversationState, step.state)
             command, outcome = following, result.model_copy(update={"answers": following.digest()})
-        await self.send("conversations", key, outcome)
+        await self.send("conversations", key, ChainedOutcomes.of([*reads, outcome]) if reads else outcome)
 
     def _step_after(
         self,

@@ -24,21 +24,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from schemas.records import EffectCommand
+from schemas.records import CONVERSATION_READS, EffectCommand
 
 Verdict = Literal["execute", "stale", "redelivered"]
 
-READS = frozenset(
-    {
-        "get_conversation",
-        "get_inbox_bot",
-        "read_turn",
-        "scan_reply_history",
-        "list_canned",
-        "list_agents",
-        "list_conversations",
-    }
-)
+READS = CONVERSATION_READS | {"list_conversations"}
 
 
 class Attempt(BaseModel):

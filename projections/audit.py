@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from projections.fold import DEFAULT_RETRY_BASE_MS, fold
+from projections.fold import DEFAULT_RETRY_BASE_MS, Event, SingleEvent, each_part, fold
 from projections.versions import PartitionVersions
 from schemas.codec import Undecodable, decode_conversation_event
 from schemas.config import RouterConfig
@@ -59,32 +59,44 @@ class ConversationTrail:
 
     def apply(
         self,
-        event: WebhookReceived | SweepFound | EffectOutcome | TimerFired,
+        event: Event,
         offset: int,
         config: RouterConfig,
         *,
         retry_base_ms: int = DEFAULT_RETRY_BASE_MS,
         config_version: str | None = None,
     ) -> list[TurnOutcome]:
-        """Fold one event into the trail under configuration `config_version`; returns its turn outcomes."""
+        """Fold one record's event into the trail under configuration `config_version`, each part of it
+        (`each_part`) as its own step; returns its turn outcomes."""
         if offset <= self.state.offset:
             return []
-        self.events += 1
         if config_version is not None and config_version != self.config_version:
             what = "configuration" if self.config_version is None else "configuration changed"
             self.entries.append(TrailEntry(event.at_ms, what, f"version {config_version} in force"))
             self.config_version = config_version
-        self._describe_event(event)
-        result = fold(self.state, event, offset, config, retry_base_ms=retry_base_ms, config_version=config_version)
-        self.state = result.state
-        for command in result.commands:
-            self._describe_command(command)
-        for outcome in result.outcomes:
-            self.outcomes.append(outcome)
-            self.entries.append(TrailEntry(outcome.at_ms, "turn ended", describe_outcome(outcome)))
-        return result.outcomes
+        outcomes: list[TurnOutcome] = []
+        for part, continuing in each_part(event):
+            self.events += 1
+            self._describe_event(part)
+            result = fold(
+                self.state,
+                part,
+                offset,
+                config,
+                retry_base_ms=retry_base_ms,
+                config_version=config_version,
+                continuing=continuing,
+            )
+            self.state = result.state
+            for command in result.commands:
+                self._describe_command(command)
+            for outcome in result.outcomes:
+                self.outcomes.append(outcome)
+                self.entries.append(TrailEntry(outcome.at_ms, "turn ended", describe_outcome(outcome)))
+            outcomes += result.outcomes
+        return outcomes
 
-    def _describe_event(self, event: WebhookReceived | SweepFound | EffectOutcome | TimerFired) -> None:
+    def _describe_event(self, event: SingleEvent) -> None:
         if isinstance(event, WebhookReceived):
             detail = event.event
             if event.transition is not None:

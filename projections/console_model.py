@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from projections.audit import describe_outcome
-from projections.fold import DEFAULT_RETRY_BASE_MS, Event, fold, wakeup_of
+from projections.fold import DEFAULT_RETRY_BASE_MS, Event, SingleEvent, each_part, fold, wakeup_of
 from projections.inputs import build_input
 from projections.versions import PartitionVersions
 from schemas.codec import Undecodable, decode_conversation_event
@@ -166,12 +166,35 @@ class ConversationTimeline:
         retry_base_ms: int = DEFAULT_RETRY_BASE_MS,
         config_version: str | None = None,
     ) -> list[TurnOutcome]:
-        """Fold one event under configuration `config_version` and record what it did; an offset already
-        applied changes nothing."""
+        """Fold one record's event under configuration `config_version` and record what it did, each part of it
+        (`parts_of`) as its own step; an offset already applied changes nothing."""
         if offset <= self.state.offset:
             return []
+        outcomes: list[TurnOutcome] = []
+        for part, continuing in each_part(event):
+            outcomes += self._apply_part(part, offset, config, retry_base_ms, config_version, continuing=continuing)
+        return outcomes
+
+    def _apply_part(
+        self,
+        event: SingleEvent,
+        offset: int,
+        config: RouterConfig,
+        retry_base_ms: int,
+        config_version: str | None,
+        *,
+        continuing: bool,
+    ) -> list[TurnOutcome]:
         before = self.state
-        result = fold(before, event, offset, config, retry_base_ms=retry_base_ms, config_version=config_version)
+        result = fold(
+            before,
+            event,
+            offset,
+            config,
+            retry_base_ms=retry_base_ms,
+            config_version=config_version,
+            continuing=continuing,
+        )
         self.state = result.state
         self.events += 1
         self._seen(event.at_ms)
@@ -206,7 +229,7 @@ class ConversationTimeline:
         self.first_ms = at_ms if self.first_ms is None else min(self.first_ms, at_ms)
         self.last_ms = at_ms if self.last_ms is None else max(self.last_ms, at_ms)
 
-    def _event(self, event: Event, before: ConversationState) -> None:
+    def _event(self, event: SingleEvent, before: ConversationState) -> None:
         if isinstance(event, WebhookReceived):
             label = event.event + (f" → {event.transition.status}" if event.transition is not None else "")
             detail = f"delivery {event.delivery_id}" if event.delivery_id else ""

@@ -8,16 +8,27 @@ outcome advances it by one step. "Now" is always the event's `at_ms`; nothing he
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from projections.jobs import DEFAULT_RETRY_BASE_MS, retry_delay
 from projections.route.folder import Folder, FoldResult, wakeup_of
 from projections.route.phases import PHASE_HANDLERS
 from schemas.config import RouterConfig
 from schemas.configs import ConfigDocument
 from schemas.keys import conversation_key_of
-from schemas.records import EffectOutcome, SweepFound, TimerFired, WebhookReceived
+from schemas.records import (
+    ChainedOutcomes,
+    EffectCommand,
+    EffectOutcome,
+    SweepFound,
+    TimerFired,
+    TurnOutcome,
+    WebhookReceived,
+)
 from schemas.state import ConversationState
 
-Event = WebhookReceived | SweepFound | EffectOutcome | TimerFired
+SingleEvent = WebhookReceived | SweepFound | EffectOutcome | TimerFired
+Event = SingleEvent | ChainedOutcomes
 
 
 def fold(
@@ -28,11 +39,15 @@ def fold(
     *,
     retry_base_ms: int = DEFAULT_RETRY_BASE_MS,
     config_version: str | None = None,
+    continuing: bool = False,
 ) -> FoldResult:
     """Apply one event under `config` (version `config_version`, recorded in the state); an offset already
-    applied changes nothing (DESIGN §5)."""
-    if offset <= state.offset:
+    applied changes nothing (DESIGN §5), unless `continuing`: the event is the next part of the record at
+    `offset` (`parts_of`), folded on the state its previous part left."""
+    if offset < state.offset or (offset == state.offset and not continuing):
         return FoldResult(state, [], wakeup_of(state), [])
+    if isinstance(event, ChainedOutcomes):
+        return _fold_chain(state, event, offset, config, retry_base_ms, config_version)
     parsed = conversation_key_of(event.key)
     folder = Folder(state, config, parsed.account_id, parsed.conversation_id, event.at_ms, offset, retry_base_ms)
     _apply(folder, event)
@@ -42,7 +57,60 @@ def fold(
     return result._replace(state=result.state.evolve(config_version=config_version))
 
 
-def fold_under(document: ConfigDocument, state: ConversationState, event: Event, offset: int) -> FoldResult:
+def parts_of(event: Event) -> tuple[SingleEvent, ...]:
+    """The events a record holds, in fold order: one, or each outcome of a `ChainedOutcomes`."""
+    return tuple(event.outcomes) if isinstance(event, ChainedOutcomes) else (event,)
+
+
+def each_part(event: Event) -> Iterator[tuple[SingleEvent, bool]]:
+    """Each part of a record's event with whether it continues the record (`fold(..., continuing=)`), for
+    readers that show or inspect every step."""
+    for index, part in enumerate(parts_of(event)):
+        yield part, index > 0
+
+
+def _fold_chain(
+    state: ConversationState,
+    event: ChainedOutcomes,
+    offset: int,
+    config: RouterConfig,
+    retry_base_ms: int,
+    config_version: str | None,
+) -> FoldResult:
+    """Each chained outcome folded in order, as its own event would be. A command one part issues and the next
+    part answers already ran, so it is not among the commands to send."""
+    commands: list[EffectCommand] = []
+    outcomes: list[TurnOutcome] = []
+    result = FoldResult(state, [], wakeup_of(state), [])
+    for index, part in enumerate(event.outcomes):
+        run = result.state.run
+        if run is not None and run.pending is not None and answers(part, run.pending) and run.pending in commands:
+            commands.remove(run.pending)
+        result = fold(
+            result.state,
+            part,
+            offset,
+            config,
+            retry_base_ms=retry_base_ms,
+            config_version=config_version,
+            continuing=index > 0,
+        )
+        commands.extend(result.commands)
+        outcomes.extend(result.outcomes)
+    return FoldResult(result.state, commands, result.wakeup_ms, outcomes)
+
+
+def answers(o: EffectOutcome, pending: EffectCommand) -> bool:
+    """Whether `o` is the outcome of the pending command: its id and op, and for a chained read (`answers`
+    set: the worker ran the read it expected the fold to issue next) that very copy."""
+    if o.command_id != pending.command_id or o.op != pending.op:
+        return False
+    return o.answers is None or o.answers == pending.digest()
+
+
+def fold_under(
+    document: ConfigDocument, state: ConversationState, event: Event, offset: int, *, continuing: bool = False
+) -> FoldResult:
     """`fold` under an applied configuration version (DESIGN §8): its configuration and fold settings."""
     return fold(
         state,
@@ -51,10 +119,11 @@ def fold_under(document: ConfigDocument, state: ConversationState, event: Event,
         document.config,
         retry_base_ms=document.fold.retry_base_ms,
         config_version=document.version,
+        continuing=continuing,
     )
 
 
-def _apply(f: Folder, event: Event) -> None:
+def _apply(f: Folder, event: SingleEvent) -> None:
     if isinstance(event, WebhookReceived | SweepFound):
         f.admit(event.transition if isinstance(event, WebhookReceived) else None)
     elif isinstance(event, EffectOutcome):
@@ -65,17 +134,25 @@ def _apply(f: Folder, event: Event) -> None:
 
 
 def _on_outcome(f: Folder, o: EffectOutcome) -> None:
-    """The outcome of the run's pending command advances the run by its phase's handler; any other is stale.
-
-    An outcome of a chained read (`answers` set: the worker ran the read it expected the fold to issue next)
-    counts only if the fold did issue that very copy."""
+    """The outcome of the run's pending command advances the run by its phase's handler; any other is stale
+    (a duplicate, or a chained read of a step the fold took otherwise)."""
     run = f.run
-    if run is None or run.pending is None or o.command_id != run.pending.command_id or o.op != run.pending.op:
-        return  # stale or duplicate
-    if o.answers is not None and o.answers != run.pending.digest():
-        return  # a chained read of a step the fold took otherwise
+    if run is None or run.pending is None or not answers(o, run.pending):
+        return
     f.set_run(pending=None, deadline_ms=None, requests=run.requests + o.requests)
     PHASE_HANDLERS[run.phase](f, o)
 
 
-__all__ = ["DEFAULT_RETRY_BASE_MS", "Event", "FoldResult", "fold", "fold_under", "retry_delay", "wakeup_of"]
+__all__ = [
+    "DEFAULT_RETRY_BASE_MS",
+    "Event",
+    "FoldResult",
+    "SingleEvent",
+    "answers",
+    "each_part",
+    "fold",
+    "fold_under",
+    "parts_of",
+    "retry_delay",
+    "wakeup_of",
+]

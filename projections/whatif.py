@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from projections.fold import Event, fold_under
+from projections.fold import Event, SingleEvent, each_part, fold_under
 from projections.jev import JevError, asked_options, build_request, encode_request, read_decision
 from projections.versions import PartitionVersions
 from schemas.chatwoot import MessageType
@@ -74,7 +74,7 @@ Slot = tuple[str, str]  # (phase, purpose) of the run when it waited for a comma
 class Step:
     """One event of a run's window; `slot`/`params` say which command of the live run it answered, if any."""
 
-    event: Event
+    event: SingleEvent
     slot: Slot | None = None
     params: CommandParams | None = None
 
@@ -142,12 +142,17 @@ class TurnRecorder:
         self.apply(event, offset, document)
 
     def apply(self, event: Event, offset: int, document: ConfigDocument) -> None:
-        """Fold one event of `event.key` under `document` and update the run windows."""
+        """Fold one record's event of `event.key` under `document` and update the run windows, each part of it
+        (`each_part`) as its own step."""
+        if offset <= self.states.get(event.key, ConversationState()).offset:
+            return
+        for part, continuing in each_part(event):
+            self._apply_part(part, offset, document, continuing=continuing)
+
+    def _apply_part(self, event: SingleEvent, offset: int, document: ConfigDocument, *, continuing: bool) -> None:
         key = event.key
         before = self.states.get(key, ConversationState())
-        if offset <= before.offset:
-            return
-        result = fold_under(document, before, event, offset)
+        result = fold_under(document, before, event, offset, continuing=continuing)
         self.states[key] = result.state
         if isinstance(event, EffectOutcome) and isinstance(event.result, AgentsResult):
             self.agents[event.account_id] = event.result.agent_ids

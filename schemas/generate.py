@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from schemas.configs import ConfigDocument
 from schemas.records import (
+    ChainedOutcomes,
     ConfigApplied,
     EffectCommand,
     EffectOutcome,
@@ -30,6 +31,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     WebhookReceived,
     SweepFound,
     EffectOutcome,
+    ChainedOutcomes,
     TimerFired,
     EffectCommand,
     SweepRequested,

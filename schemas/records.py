@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.decision import Decision
 from schemas.keys import SweepKey, SweepStatus, conversation_key
@@ -262,6 +262,11 @@ Op = Literal[
     "list_conversations",
 ]
 
+CONVERSATION_READS: frozenset[str] = frozenset(
+    {"get_conversation", "get_inbox_bot", "read_turn", "scan_reply_history", "list_canned", "list_agents"}
+)
+"""The ops that only read a conversation's account (running one twice is harmless; a sweep page is not one)."""
+
 
 class EffectCommand(Record):
     """One external call. `command_id` is deterministic ("acct:conv:run:step"); `key` is the Kafka key."""
@@ -401,6 +406,38 @@ class EffectOutcome(Record):
     )
 
 
+MAX_CHAINED_OUTCOMES = 32
+"""More outcomes than the worker ever chains (`handlers.worker_service.MAX_CHAIN` plus the command before them)."""
+
+
+class ChainedOutcomes(Record):
+    """The outcomes of reads the worker ran back to back for one conversation, in the order they ran (DESIGN §6).
+
+    One event instead of one per read: the fold applies them in order, as if each were its own event at this
+    record's offset, so the state, commands and turn outcomes are those of the separate events. Only reads are
+    held back this way (a read lost in a crash is simply run again); any other command's outcome is an event of
+    its own as soon as it is known. `at_ms` is the last outcome's time.
+    """
+
+    type: Literal["chained_outcomes"] = "chained_outcomes"
+    key: str
+    account_id: int
+    outcomes: list[EffectOutcome] = Field(min_length=1, max_length=MAX_CHAINED_OUTCOMES)
+
+    @model_validator(mode="after")
+    def _one_conversation(self) -> ChainedOutcomes:
+        if any(o.key != self.key or o.account_id != self.account_id for o in self.outcomes):
+            raise ValueError("every chained outcome belongs to the record's conversation")
+        if any(o.op not in CONVERSATION_READS for o in self.outcomes):
+            raise ValueError("only the outcomes of conversation reads are chained")
+        return self
+
+    @classmethod
+    def of(cls, outcomes: list[EffectOutcome]) -> ChainedOutcomes:
+        last = outcomes[-1]
+        return cls(key=last.key, account_id=last.account_id, outcomes=outcomes, at_ms=last.at_ms)
+
+
 MARKER_KEY = "config"
 """The Kafka key of every `ConfigApplied` marker (markers go to an explicit partition, so any key would do)."""
 
@@ -427,11 +464,13 @@ def parse_marker(raw: bytes | None) -> ConfigApplied | None:
         return None  # another record that merely quotes the word
 
 
-ConversationEvent = Annotated[WebhookReceived | SweepFound | EffectOutcome | TimerFired, Field(discriminator="type")]
+ConversationEvent = Annotated[
+    WebhookReceived | SweepFound | EffectOutcome | ChainedOutcomes | TimerFired, Field(discriminator="type")
+]
 SweepEvent = Annotated[SweepRequested | EffectOutcome | TimerFired, Field(discriminator="type")]
 
 TOPIC_RECORDS: dict[str, tuple[type[Record], ...]] = {
-    "conversations": (WebhookReceived, SweepFound, EffectOutcome, TimerFired, ConfigApplied),
+    "conversations": (WebhookReceived, SweepFound, EffectOutcome, ChainedOutcomes, TimerFired, ConfigApplied),
     "effects": (EffectCommand,),
     "sweeps": (SweepRequested, EffectOutcome, TimerFired, ConfigApplied),
 }

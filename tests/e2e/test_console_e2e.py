@@ -22,6 +22,8 @@ import pytest
 from handlers.config_store import read_book
 from handlers.demo import main_outcome
 from projections.audit import LogReplay
+from projections.fold import parts_of
+from schemas.codec import decode_conversation_event
 from schemas.config import load_config_file
 from schemas.records import EffectOutcome
 from streams.kafka_local import free_port
@@ -86,11 +88,12 @@ async def expected_tiles(stack: Stack) -> dict[str, int]:
 
 
 async def calls_for(stack: Stack, key: str) -> list[EffectOutcome]:
-    """Every call made for the conversation, from the log: each has its outcome event (a chained read has no
-    command record on the effects topic, but its outcome is there like any other)."""
+    """Every call made for the conversation, from the log: each has its outcome (a chained read has no command
+    record on the effects topic; its outcome is part of a `ChainedOutcomes` event)."""
     records = await read_all(stack.env["KAFKA_BOOTSTRAP_SERVERS"], f"{stack.env['ROUTER_APP_ID']}.conversations")
-    mine = [r.value for r in records if r.key == key.encode() and b'"effect_outcome"' in r.value]
-    return [EffectOutcome.model_validate_json(value) for value in mine]
+    mine = [r.value for r in records if r.key == key.encode() and b"_outcome" in r.value]
+    events = [decode_conversation_event(value) for value in mine]
+    return [part for event in events for part in parts_of(event) if isinstance(part, EffectOutcome)]
 
 
 async def _tiles(page: Any) -> dict[str, int]:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from schemas.records import EffectCommand, EffectOutcome, WebhookReceived
+import pytest
+from pydantic import ValidationError
+
+from projections.fold import each_part, fold, parts_of
+from schemas.records import CONVERSATION_READS, ChainedOutcomes, EffectCommand, EffectOutcome, WebhookReceived
+from schemas.state import ConversationState
 from tests.unit.test_fold_driver import ACCOUNT, CONV, Driver, incoming
 
 
@@ -51,3 +56,100 @@ def test_the_digest_names_id_issue_time_and_parameters() -> None:
     assert pending.digest() == pending.model_copy().digest()
     assert pending.digest() != pending.model_copy(update={"command_id": pending.command_id + "0"}).digest()
     assert pending.digest() != pending.model_copy(update={"at_ms": pending.at_ms + 1}).digest()
+
+
+# --- ChainedOutcomes: the outcomes of reads run back to back, one event ----------------------------------------
+
+
+def reads_until_a_non_read(d: Driver, first: EffectCommand) -> tuple[list[EffectOutcome], ConversationState]:
+    """Run the reads the fold issues one after the other from `first` (as the worker chains them), folding on a
+    scratch copy of the state; returns their outcomes and the state the last one leaves."""
+    scratch = Driver(chatwoot=d.chatwoot, config=d.config, state=d.state, offset=d.offset, now=d.now)
+    outcomes, command, copy = [], first, False
+    while command.op in CONVERSATION_READS:
+        outcome = outcome_of(scratch, command, answers=command.digest() if copy else None)
+        outcomes.append(outcome)
+        scratch.send(outcome)
+        if len(scratch.queue) != 1:
+            break
+        command, copy = scratch.queue.pop(0), True
+    return outcomes, scratch.state
+
+
+def test_a_chain_folds_as_its_outcomes_would_one_by_one() -> None:
+    d, pending = driver_waiting_on_its_first_read()
+    parts, separately = reads_until_a_non_read(d, pending)
+    assert [p.op for p in parts] == ["get_conversation", "get_inbox_bot", "read_turn"]
+    result = d.send(ChainedOutcomes.of(parts))
+    # the same state as three events would leave (but for the offset), and only the command that did not run yet
+    assert _offsets_zeroed(result.state) == _offsets_zeroed(separately)
+    assert [c.op for c in result.commands] == ["decide"]
+    assert result.state.run is not None and result.state.run.pending == result.commands[0]
+    assert separately.run is not None and result.state.run.requests == separately.run.requests
+
+
+def _offsets_zeroed(state: ConversationState) -> ConversationState:
+    """The state with the offsets it records zeroed (a chain's parts all fold at the chain's offset)."""
+    return state.model_copy(
+        update={
+            "offset": 0,
+            **{
+                name: getattr(state, name).model_copy(update={"offset": 0})
+                for name in ("guard", "ledger", "job", "run")
+                if getattr(state, name) is not None
+            },
+        }
+    )
+
+
+def test_a_chain_delivered_again_changes_nothing() -> None:
+    d, pending = driver_waiting_on_its_first_read()
+    parts, _ = reads_until_a_non_read(d, pending)
+    chain = ChainedOutcomes.of(parts)
+    d.send(chain)
+    after = d.state
+    again = fold(after, chain, d.offset, d.config)
+    assert again.state is after and again.commands == [] and again.outcomes == []
+
+
+def test_a_chain_whose_first_read_the_run_no_longer_awaits_is_stale_as_a_whole() -> None:
+    d, pending = driver_waiting_on_its_first_read()
+    parts, _ = reads_until_a_non_read(d, pending)
+    d.now += 5
+    d.send(outcome_of(d, pending))  # the first read's outcome came on its own, later (a read made twice)
+    before = d.state
+    result = d.send(ChainedOutcomes.of(parts))
+    # the chained reads answer copies of the next steps issued at another time: none is taken
+    assert result.commands == [] and result.state.run == before.run
+
+
+def test_a_chain_that_parts_from_the_fold_sends_the_command_left_unanswered() -> None:
+    d, pending = driver_waiting_on_its_first_read()
+    parts, _ = reads_until_a_non_read(d, pending)
+    wrong = parts[1].model_copy(update={"answers": "0" * 32})  # as if the worker had folded another state
+    result = d.send(ChainedOutcomes.of([parts[0], wrong, parts[2]]))
+    # the inbox read the fold issued was not answered: it goes out, and the run waits for it
+    assert [c.op for c in result.commands] == ["get_inbox_bot"]
+    assert result.state.run is not None and result.state.run.pending == result.commands[0]
+
+
+def test_a_chain_holds_the_reads_of_one_conversation_only() -> None:
+    d, pending = driver_waiting_on_its_first_read()
+    parts, _ = reads_until_a_non_read(d, pending)
+    with pytest.raises(ValidationError):
+        ChainedOutcomes(key="1:999", account_id=ACCOUNT, outcomes=parts, at_ms=d.now)
+    decide = parts[0].model_copy(update={"op": "decide", "result": None})
+    with pytest.raises(ValidationError):
+        ChainedOutcomes.of([parts[0], decide])
+    with pytest.raises(ValidationError):
+        ChainedOutcomes(key=parts[0].key, account_id=ACCOUNT, outcomes=[], at_ms=d.now)
+
+
+def test_every_part_of_a_chain_is_shown_as_its_own_step() -> None:
+    d, pending = driver_waiting_on_its_first_read()
+    parts, _ = reads_until_a_non_read(d, pending)
+    chain = ChainedOutcomes.of(parts)
+    assert parts_of(chain) == tuple(parts)
+    assert [continuing for _, continuing in each_part(chain)] == [False, True, True]
+    webhook = d.log[0][1]
+    assert parts_of(webhook) == (webhook,)

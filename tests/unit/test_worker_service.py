@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from handlers.lanes import Lanes
 from handlers.worker_ports import MemorySink, MemoryTable, SourceRecord
 from handlers.worker_service import WorkerService, WorkerTables
-from projections.fold import wakeup_of
-from schemas.codec import decode_command
+from projections.fold import parts_of, wakeup_of
+from schemas.codec import decode_command, decode_conversation_event
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
-from schemas.records import EffectCommand, EffectOutcome, TimerFired, WebhookReceived
+from schemas.records import ChainedOutcomes, EffectCommand, EffectOutcome, TimerFired, WebhookReceived
 from schemas.state import ConversationState
 from tests.unit.test_fold_driver import ACCOUNT, CONV, T0, FakeChatwoot, decision, incoming, make_config
 
@@ -259,11 +259,13 @@ async def test_a_redelivered_record_rewrites_the_state_it_finds() -> None:
 
 
 def outcomes_of(bus: Bus) -> list[EffectOutcome]:
-    return [
-        EffectOutcome.model_validate_json(r.value or b"")
-        for r in bus.records("conversations")
-        if b'"effect_outcome"' in (r.value or b"")
-    ]
+    """Every outcome on the conversations topic, in fold order (a `ChainedOutcomes` record holds several)."""
+    events = [decode_conversation_event(r.value) for r in bus.records("conversations")]
+    return [part for event in events for part in parts_of(event) if isinstance(part, EffectOutcome)]
+
+
+def record_types(bus: Bus) -> list[str]:
+    return [decode_conversation_event(r.value).type for r in bus.records("conversations")]
 
 
 async def test_chained_reads_make_the_same_requests_with_fewer_commands() -> None:
@@ -281,9 +283,25 @@ async def test_chained_reads_make_the_same_requests_with_fewer_commands() -> Non
     sent = [decode_command(r.value).op for r in chained_bus.records("effects")]
     assert sent == ["get_conversation", "decide", "assign"]  # a read that follows any command runs at once
     assert len(plain_bus.records("effects")) == 12
-    # every outcome is still an event of its own, in the same order; the 9 chained ones name their command copy
+    # the log has every outcome, in the same order; the 9 chained ones name their command copy
     assert [o.op for o in outcomes_of(chained_bus)] == [o.op for o in outcomes_of(plain_bus)]
     assert sum(o.answers is not None for o in outcomes_of(chained_bus)) == 9
+    # the reads run back to back are one event each time: the decision and the assignment stand alone
+    chained_types, plain_types = record_types(chained_bus), record_types(plain_bus)
+    assert plain_types == ["webhook_received"] + ["effect_outcome"] * 12
+    assert chained_types == [
+        "webhook_received",
+        "chained_outcomes",  # the turn's reads, from the first one on
+        "effect_outcome",  # System One's decision
+        "chained_outcomes",  # the reads after it
+        "effect_outcome",  # the assignment
+    ]
+    held = [
+        [part.op for part in event.outcomes]
+        for r in chained_bus.records("conversations")
+        if isinstance(event := decode_conversation_event(r.value), ChainedOutcomes)
+    ]
+    assert held[0] == ["get_conversation", "get_inbox_bot", "read_turn"]  # from the first read of the turn on
     assert service.metrics.commands_chained.labels("read_turn")._value.get() == 3
     plain_end, chained_end = state(plain_tables), state(chained_tables)
     assert plain_end.run is None and chained_end.run is None and plain_end.runs == chained_end.runs
