@@ -8,6 +8,7 @@ phase modules next to this one; `projections.fold` dispatches an outcome to its 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from projections.guard import clear_failures, expect_activity, record_failure, request_handoff
@@ -164,6 +165,13 @@ class Folder:
         # outcome was folded first), that newer command is already on its way and must not be doubled
         if not (overdue or (event.resume and event.due_ms == run.deadline_ms)):
             return
+        recheck = RECHECK_BEFORE.get(run.phase)
+        if recheck is not None:
+            # the mutation may have happened, and a person may have acted since its fresh read (§12.1): its fresh
+            # read again, whose rules decide again whether it is still to be made
+            self.set_run(pending=None, deadline_ms=None)
+            recheck(self)
+            return
         cost = run.pending.params.max_requests
         again = run.pending.model_copy(update={"at_ms": self.now})
         self.set_run(pending=again, deadline_ms=command_deadline(self.now, cost))
@@ -257,3 +265,16 @@ class Folder:
             self.issue(ToggleStatus(status="open"), "handoff_toggle")
         else:
             self.snapshot("handoff")
+
+
+RECHECK_BEFORE: dict[Phase, Callable[[Folder], None]] = {
+    "labels": lambda f: f.snapshot("after_decide"),
+    "ending": lambda f: f.snapshot("before_end"),
+    "handoff_toggle": lambda f: f.snapshot("handoff"),
+    "release_unassign": lambda f: f.issue(GetConversation(), "release_read"),
+    "disconnect_toggle": lambda f: f.issue(GetConversation(), "disconnect_read"),
+}
+"""For each phase that waits on a mutation, the fresh read that comes before it in the route procedure: what an
+overdue or resumed mutation re-issues instead of the mutation (its outcome is unknown; the call may have
+happened). The read's phase handler then makes the mutation again only if it still applies to the conversation
+as it is now, so a person's change since the first attempt is never undone (DESIGN §6, behavior.md §12.1)."""

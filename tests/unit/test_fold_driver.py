@@ -145,6 +145,7 @@ class FakeChatwoot:
     agents: tuple[int, ...] = (7, 8)
     errors: dict[str, list[EffectError]] = field(default_factory=dict)
     lost: dict[str, int] = field(default_factory=dict)  # op -> how many outcomes to lose
+    lost_after_call: dict[str, int] = field(default_factory=dict)  # op -> calls that happen, outcome lost
     cost: dict[str, int] = field(default_factory=dict)  # op -> requests to report instead
     bad_receipt: bool = False
     calls: list[EffectCommand] = field(default_factory=list)
@@ -269,6 +270,9 @@ class Driver:
                 self.chatwoot.calls.append(command)
                 continue
             result, error, requests = self.chatwoot.execute(command)
+            if self.chatwoot.lost_after_call.get(op, 0) > 0:  # the call happened; its worker died before the outcome
+                self.chatwoot.lost_after_call[op] -= 1
+                continue
             requests = self.chatwoot.cost.get(op, requests)
             self.send(
                 EffectOutcome(
