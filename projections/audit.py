@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from projections.fold import DEFAULT_RETRY_BASE_MS, Event, SingleEvent, each_part, fold
+from projections.fold import DEFAULT_RETRY_BASE_MS, Event, SingleEvent, fold_parts
 from projections.versions import PartitionVersions
 from schemas.codec import Undecodable, decode_conversation_event
 from schemas.config import RouterConfig
@@ -67,7 +67,7 @@ class ConversationTrail:
         config_version: str | None = None,
     ) -> list[TurnOutcome]:
         """Fold one record's event into the trail under configuration `config_version`, each part of it
-        (`each_part`) as its own step; returns its turn outcomes."""
+        (`fold_parts`) as its own step; returns its turn outcomes."""
         if offset <= self.state.offset:
             return []
         if config_version is not None and config_version != self.config_version:
@@ -75,18 +75,12 @@ class ConversationTrail:
             self.entries.append(TrailEntry(event.at_ms, what, f"version {config_version} in force"))
             self.config_version = config_version
         outcomes: list[TurnOutcome] = []
-        for part, continuing in each_part(event):
+        parts = fold_parts(
+            self.state, event, offset, config, retry_base_ms=retry_base_ms, config_version=config_version
+        )
+        for part, result in parts:
             self.events += 1
             self._describe_event(part)
-            result = fold(
-                self.state,
-                part,
-                offset,
-                config,
-                retry_base_ms=retry_base_ms,
-                config_version=config_version,
-                continuing=continuing,
-            )
             self.state = result.state
             for command in result.commands:
                 self._describe_command(command)

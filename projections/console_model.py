@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from projections.audit import describe_outcome
-from projections.fold import DEFAULT_RETRY_BASE_MS, Event, SingleEvent, each_part, fold, wakeup_of
+from projections.fold import DEFAULT_RETRY_BASE_MS, Event, FoldResult, SingleEvent, fold_parts, wakeup_of
 from projections.inputs import build_input
 from projections.versions import PartitionVersions
 from schemas.codec import Undecodable, decode_conversation_event
@@ -167,34 +167,21 @@ class ConversationTimeline:
         config_version: str | None = None,
     ) -> list[TurnOutcome]:
         """Fold one record's event under configuration `config_version` and record what it did, each part of it
-        (`parts_of`) as its own step; an offset already applied changes nothing."""
+        (`fold_parts`) as its own step; an offset already applied changes nothing."""
         if offset <= self.state.offset:
             return []
         outcomes: list[TurnOutcome] = []
-        for part, continuing in each_part(event):
-            outcomes += self._apply_part(part, offset, config, retry_base_ms, config_version, continuing=continuing)
+        parts = fold_parts(
+            self.state, event, offset, config, retry_base_ms=retry_base_ms, config_version=config_version
+        )
+        for part, result in parts:
+            outcomes += self._record_part(part, result, config, config_version)
         return outcomes
 
-    def _apply_part(
-        self,
-        event: SingleEvent,
-        offset: int,
-        config: RouterConfig,
-        retry_base_ms: int,
-        config_version: str | None,
-        *,
-        continuing: bool,
+    def _record_part(
+        self, event: SingleEvent, result: FoldResult, config: RouterConfig, config_version: str | None
     ) -> list[TurnOutcome]:
         before = self.state
-        result = fold(
-            before,
-            event,
-            offset,
-            config,
-            retry_base_ms=retry_base_ms,
-            config_version=config_version,
-            continuing=continuing,
-        )
         self.state = result.state
         self.events += 1
         self._seen(event.at_ms)

@@ -62,11 +62,31 @@ def parts_of(event: Event) -> tuple[SingleEvent, ...]:
     return tuple(event.outcomes) if isinstance(event, ChainedOutcomes) else (event,)
 
 
-def each_part(event: Event) -> Iterator[tuple[SingleEvent, bool]]:
-    """Each part of a record's event with whether it continues the record (`fold(..., continuing=)`), for
-    readers that show or inspect every step."""
+def fold_parts(
+    state: ConversationState,
+    event: Event,
+    offset: int,
+    config: RouterConfig,
+    *,
+    retry_base_ms: int = DEFAULT_RETRY_BASE_MS,
+    config_version: str | None = None,
+) -> Iterator[tuple[SingleEvent, FoldResult]]:
+    """Fold one record's event part by part (`parts_of`), each on the state the previous part left, yielding each
+    part with what folding it did: for readers that show every step (audit, the console). The
+    last result is what `fold` returns for the whole record, but for the commands: a part's command that the next
+    part answers is in that part's result."""
     for index, part in enumerate(parts_of(event)):
-        yield part, index > 0
+        result = fold(
+            state,
+            part,
+            offset,
+            config,
+            retry_base_ms=retry_base_ms,
+            config_version=config_version,
+            continuing=index > 0,
+        )
+        yield part, result
+        state = result.state
 
 
 def _fold_chain(
@@ -82,19 +102,13 @@ def _fold_chain(
     commands: list[EffectCommand] = []
     outcomes: list[TurnOutcome] = []
     result = FoldResult(state, [], wakeup_of(state), [])
-    for index, part in enumerate(event.outcomes):
-        run = result.state.run
-        if run is not None and run.pending is not None and answers(part, run.pending) and run.pending in commands:
-            commands.remove(run.pending)
-        result = fold(
-            result.state,
-            part,
-            offset,
-            config,
-            retry_base_ms=retry_base_ms,
-            config_version=config_version,
-            continuing=index > 0,
-        )
+    parts = fold_parts(state, event, offset, config, retry_base_ms=retry_base_ms, config_version=config_version)
+    for part, folded in parts:
+        run = result.state.run  # before this part
+        pending = run.pending if run is not None else None
+        if isinstance(part, EffectOutcome) and pending is not None and answers(part, pending) and pending in commands:
+            commands.remove(pending)
+        result = folded
         commands.extend(result.commands)
         outcomes.extend(result.outcomes)
     return FoldResult(result.state, commands, result.wakeup_ms, outcomes)
@@ -149,8 +163,8 @@ __all__ = [
     "FoldResult",
     "SingleEvent",
     "answers",
-    "each_part",
     "fold",
+    "fold_parts",
     "fold_under",
     "parts_of",
     "retry_delay",

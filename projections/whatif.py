@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from projections.fold import Event, SingleEvent, each_part, fold_under
+from projections.fold import Event, SingleEvent, fold_under, parts_of
 from projections.jev import JevError, asked_options, build_request, encode_request, read_decision
 from projections.versions import PartitionVersions
 from schemas.chatwoot import MessageType
@@ -143,11 +143,11 @@ class TurnRecorder:
 
     def apply(self, event: Event, offset: int, document: ConfigDocument) -> None:
         """Fold one record's event of `event.key` under `document` and update the run windows, each part of it
-        (`each_part`) as its own step."""
+        (`parts_of`) as its own step."""
         if offset <= self.states.get(event.key, ConversationState()).offset:
             return
-        for part, continuing in each_part(event):
-            self._apply_part(part, offset, document, continuing=continuing)
+        for index, part in enumerate(parts_of(event)):
+            self._apply_part(part, offset, document, continuing=index > 0)
 
     def _apply_part(self, event: SingleEvent, offset: int, document: ConfigDocument, *, continuing: bool) -> None:
         key = event.key

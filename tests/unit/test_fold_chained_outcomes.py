@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from projections.fold import each_part, fold, parts_of
+from projections.fold import fold, fold_parts, parts_of
 from schemas.records import CONVERSATION_READS, ChainedOutcomes, EffectCommand, EffectOutcome, WebhookReceived
 from schemas.state import ConversationState
 from tests.unit.test_fold_driver import ACCOUNT, CONV, Driver, incoming
@@ -150,6 +150,10 @@ def test_every_part_of_a_chain_is_shown_as_its_own_step() -> None:
     parts, _ = reads_until_a_non_read(d, pending)
     chain = ChainedOutcomes.of(parts)
     assert parts_of(chain) == tuple(parts)
-    assert [continuing for _, continuing in each_part(chain)] == [False, True, True]
     webhook = d.log[0][1]
     assert parts_of(webhook) == (webhook,)
+    # part by part (audit, console): each step on the state the previous one left, ending where the fold ends
+    steps = list(fold_parts(d.state, chain, d.offset + 1, d.config))
+    assert [part for part, _ in steps] == parts
+    assert [[c.op for c in result.commands] for _, result in steps] == [["get_inbox_bot"], ["read_turn"], ["decide"]]
+    assert steps[-1][1].state == fold(d.state, chain, d.offset + 1, d.config).state
