@@ -17,10 +17,11 @@
   redelivered reply is reported `unconfirmed`, never sent again. Outcomes go back to the key's topic.
 - **Chained reads**: after a conversation's command, the service folds its outcome in memory (the same pure fold,
   on the stored state); when that fold would issue exactly one more read, the service runs it at once in the
-  same lane, and the command is not sent when the real fold issues it (`fold_record` skips that very copy). Each
-  outcome is still its own event, in order, so the log and every replay are as before; the outcome of a chained
-  read names the command copy it answers (`EffectOutcome.answers`), and the fold takes it only for that copy.
-  This saves a command record and a trip through Kafka per chained read; the requests are the same.
+  same lane, and the command is not sent when the real fold issues it (`fold_record` skips that very copy). The
+  outcomes of reads run back to back are one `ChainedOutcomes` event, which the fold applies part by part as it
+  would separate events; the outcome of anything else is sent at once. A chained read's outcome names the command
+  copy it answers (`EffectOutcome.answers`), and the fold takes it only for that copy. This saves a command
+  record, an outcome record, a state write and a trip through Kafka per chained read; the requests are the same.
 - **Timers** (`handlers.worker_timers`): `fire_due_timers` emits `TimerFired` for what is due and resumes runs
   whose awaited command was issued by another process.
 """
@@ -61,6 +62,7 @@ from schemas.configs import ConfigBook, ConfigDocument
 from schemas.keys import SWEEP_STATUSES, is_conversation_key, partition_slot
 from schemas.records import (
     CONVERSATION_READS,
+    MAX_CHAINED_OUTCOMES,
     ChainedOutcomes,
     ConfigApplied,
     EffectCommand,
@@ -137,6 +139,8 @@ class WorkerService:
         self.sweep_states = ModelCache(tables.sweep_states, SweepState)
         # conversation key -> command id -> the chained read this process runs (or ran) before the fold issues it
         self.chained: dict[str, dict[str, EffectCommand]] = {}
+        if not 0 <= max_chain < MAX_CHAINED_OUTCOMES:
+            raise ValueError(f"max_chain must be between 0 and {MAX_CHAINED_OUTCOMES - 1} (one ChainedOutcomes record)")
         self.max_chain = max_chain
         self.offsets = OffsetTracker()
         self._handlers: dict[str, Handler] = {

@@ -407,7 +407,7 @@ class EffectOutcome(Record):
 
 
 MAX_CHAINED_OUTCOMES = 32
-"""More outcomes than the worker ever chains (`handlers.worker_service.MAX_CHAIN` plus the command before them)."""
+"""The most outcomes one `ChainedOutcomes` holds (a worker refuses a chain limit that could exceed it)."""
 
 
 class ChainedOutcomes(Record):
