@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+import pytest
+
 from handlers.lanes import Lanes
 from handlers.worker_ports import MemorySink, MemoryTable, SourceRecord
 from handlers.worker_service import WorkerService, WorkerTables
@@ -18,7 +20,14 @@ from projections.fold import parts_of, wakeup_of
 from schemas.codec import decode_command, decode_conversation_event
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
-from schemas.records import ChainedOutcomes, EffectCommand, EffectOutcome, TimerFired, WebhookReceived
+from schemas.records import (
+    MAX_CHAINED_OUTCOMES,
+    ChainedOutcomes,
+    EffectCommand,
+    EffectOutcome,
+    TimerFired,
+    WebhookReceived,
+)
 from schemas.state import ConversationState
 from tests.unit.test_fold_driver import ACCOUNT, CONV, T0, FakeChatwoot, decision, incoming, make_config
 
@@ -339,3 +348,10 @@ async def test_a_chained_read_of_a_step_the_fold_took_otherwise_is_stale_and_the
     assert state(tables).run == before.run  # the outcome of the other copy changed nothing
     await run_until_quiet(service, bus)
     assert chatwoot.ops()[-1] == "assign"
+
+
+def test_a_chain_limit_one_record_cannot_hold_is_refused() -> None:
+    chatwoot = FakeChatwoot(messages=[incoming(1, "I was charged twice")])
+    new_service(new_tables(), chatwoot, max_chain=MAX_CHAINED_OUTCOMES - 1)  # the head read and 31 after it
+    with pytest.raises(ValueError, match="max_chain"):
+        new_service(new_tables(), chatwoot, max_chain=MAX_CHAINED_OUTCOMES)
