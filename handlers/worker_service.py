@@ -81,8 +81,6 @@ Handler = Callable[[SourceRecord], Awaitable[None]]
 BookLoader = Callable[[], Awaitable[ConfigBook]]
 
 
-CHAINED_READS = CONVERSATION_READS
-"""Reads of a conversation that may run right after the previous one (a sweep page is not chained)."""
 MAX_CHAIN = 16
 """At most this many reads run back to back for one command (a run's request budget ends it sooner)."""
 
@@ -133,10 +131,10 @@ class WorkerService:
         self.now_ms = now_ms
         # tells this process's commands from those of a dead or departed one
         self.instance_id = instance_id or uuid.uuid4().hex
-        self.timers = Timers(tables.timers, tables.states, tables.sweep_states)
         # the fold states, decoded once and written through (handlers/state_cache.py)
         self.states = ModelCache(tables.states, ConversationState)
         self.sweep_states = ModelCache(tables.sweep_states, SweepState)
+        self.timers = Timers(tables.timers, self.states, self.sweep_states)
         # conversation key -> command id -> the chained read this process runs (or ran) before the fold issues it
         self.chained: dict[str, dict[str, EffectCommand]] = {}
         if not 0 <= max_chain < MAX_CHAINED_OUTCOMES:
@@ -424,9 +422,9 @@ class WorkerService:
             offset += 1  # any offset past the state's: what the fold issues does not depend on it
             step = self._step_after(state, command, outcome, document, offset)
             following = step.commands[0] if step is not None and len(step.commands) == 1 else None
-            if step is None or following is None or following.op not in CHAINED_READS:
+            if step is None or following is None or following.op not in CONVERSATION_READS:
                 break
-            if command.op in CHAINED_READS:
+            if command.op in CONVERSATION_READS:
                 reads.append(outcome)
             else:
                 self.chained.setdefault(key, {})[following.command_id] = following

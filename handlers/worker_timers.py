@@ -18,6 +18,7 @@ import logging
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from handlers.state_cache import ModelCache
 from handlers.worker_ports import Table
 from projections.fold import wakeup_of
 from projections.sweep import sweep_wakeup
@@ -41,7 +42,9 @@ class TimerKey(BaseModel):
 class Timers:
     """Due times of the keys in the partitions this process owns, and the runs waiting on its own commands."""
 
-    def __init__(self, table: Table, states: Table, sweep_states: Table) -> None:
+    def __init__(
+        self, table: Table, states: ModelCache[ConversationState], sweep_states: ModelCache[SweepState]
+    ) -> None:
         self.table = table
         self.states = states
         self.sweep_states = sweep_states
@@ -115,15 +118,14 @@ class Timers:
 
     def _due_of(self, key: str) -> tuple[int | None, bool]:
         """The key's due time from its state, and whether its run waits for an outcome."""
-        conversation = is_conversation_key(key)
-        stored = (self.states if conversation else self.sweep_states).get(key)
-        if stored is None:
-            return None, False
         try:
-            if conversation:
-                state = ConversationState.model_validate(stored)
+            if is_conversation_key(key):
+                state = self.states.get(key)
+                if state is None:
+                    return None, False
                 return wakeup_of(state), state.run is not None and state.run.pending is not None
-            return sweep_wakeup(SweepState.model_validate(stored)), False
+            sweep = self.sweep_states.get(key)
+            return (sweep_wakeup(sweep) if sweep is not None else None), False
         except ValidationError:
             return None, False
 
