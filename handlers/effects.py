@@ -104,6 +104,7 @@ def conversation_view(conversation: Conversation) -> ConversationView:
         has_assignee=meta.has_assignee,
         blocked=bool(contact is not None and contact.blocked),
         email_domain=email_domain(contact.email if contact is not None else None),
+        updated_at=conversation.updated_at,
     )
 
 

@@ -84,6 +84,16 @@ class PartitionReader:
             points[(tp.topic, tp.partition)] = max(offset, starts.get(tp, 0))
         return points
 
+    async def heads(self, tps: Iterable[TP]) -> dict[TP, int]:
+        """Each partition's end offset now (the offset its next record will get)."""
+        wanted = [TopicPartition(topic, partition) for topic, partition in tps]
+        if not wanted:
+            return {}
+        async with self._lock:
+            consumer, _ = await self._clients()
+            ends = await consumer.end_offsets(wanted)
+        return {(tp.topic, tp.partition): offset for tp, offset in ends.items()}
+
     async def read_range(self, topic: str, partition: int, start: int, end: int) -> list[SourceRecord]:
         """The records with `start <= offset < end`, in order (fewer at the head if retention removed some)."""
         tp = TopicPartition(topic, partition)

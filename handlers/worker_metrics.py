@@ -69,8 +69,17 @@ class WorkerMetrics:
         )
         self.commands_dropped = Counter(
             "router_effect_commands_dropped_total",
-            "commands consumed but not executed: stale (the run moved on) or redelivered (already started)",
+            "commands consumed but not executed: stale (the run moved on), redelivered (already started), "
+            "stale_read (a mutation whose fresh read was older than ROUTER_FRESH_READ_MS) or catching_up (a "
+            "mutation whose partition was not folded up to the head seen at assignment within that time)",
             ["op", "reason"],
+            registry=r,
+        )
+        self.read_age = Histogram(
+            "router_mutation_read_age_seconds",
+            "age of the fresh read a mutation depends on when the mutation is made (its bound: ROUTER_FRESH_READ_MS)",
+            ["op"],
+            buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.records_skipped = Counter(

@@ -39,13 +39,14 @@ from typing import Any, cast
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
+from handlers.catch_up import CatchUp
 from handlers.lanes import Lanes
 from handlers.partition_reader import RangeNotRead
 from handlers.state_cache import ModelCache
 from handlers.worker_metrics import WorkerMetrics
 from handlers.worker_ports import TP, Executor, GapReader, Sink, SourceRecord, Table
 from handlers.worker_timers import Timers
-from projections.admission import Attempt, admit, needs_attempt_record
+from projections.admission import Attempt, admit, changed_since_read, needs_attempt_record, read_is_fresh
 from projections.offsets import OffsetTracker
 from projections.steps import Step, conversation_step, sweep_step
 from schemas.codec import (
@@ -63,6 +64,7 @@ from schemas.keys import SWEEP_STATUSES, is_conversation_key, partition_slot
 from schemas.records import (
     CONVERSATION_READS,
     MAX_CHAINED_OUTCOMES,
+    MUTATIONS,
     ChainedOutcomes,
     ConfigApplied,
     EffectCommand,
@@ -83,6 +85,10 @@ BookLoader = Callable[[], Awaitable[ConfigBook]]
 
 MAX_CHAIN = 16
 """At most this many reads run back to back for one command (a run's request budget ends it sooner)."""
+
+DEFAULT_FRESH_READ_MS = 5000
+"""How old the fresh read a mutation depends on may be when the mutation is made (ROUTER_FRESH_READ_MS; healthy
+gaps are tens of milliseconds: docs/benchmarks.md)."""
 
 
 def wall_clock_ms() -> int:
@@ -118,6 +124,7 @@ class WorkerService:
         now_ms: Callable[[], int] = wall_clock_ms,
         instance_id: str | None = None,
         max_chain: int = MAX_CHAIN,
+        fresh_read_ms: int = DEFAULT_FRESH_READ_MS,
     ) -> None:
         self.tables = tables
         self.sink = sink
@@ -140,7 +147,9 @@ class WorkerService:
         if not 0 <= max_chain < MAX_CHAINED_OUTCOMES:
             raise ValueError(f"max_chain must be between 0 and {MAX_CHAINED_OUTCOMES - 1} (one ChainedOutcomes record)")
         self.max_chain = max_chain
+        self.fresh_read_ms = fresh_read_ms
         self.offsets = OffsetTracker()
+        self.catch_up = CatchUp()
         self._handlers: dict[str, Handler] = {
             "router": self.on_conversation_record,
             "effects": self.dispatch_command,
@@ -162,7 +171,12 @@ class WorkerService:
         if verdict == "gap" and expected is not None:
             await self._fill_gap(agent, record.tp, expected, record.offset, handler)
         await self.guarded(agent, record, handler)
-        self.offsets.advance(record.tp, record.offset)
+        self._advance(agent, record.tp, record.offset)
+
+    def _advance(self, agent: str, tp: TP, offset: int) -> None:
+        self.offsets.advance(tp, offset)
+        if agent == "router":
+            self.catch_up.advanced(tp[1], offset + 1)
 
     async def _fill_gap(self, agent: str, tp: TP, start: int, end: int, handler: Handler) -> None:
         """Read offsets start..end-1 of `tp` past the consumer and handle them in order (never ignored)."""
@@ -191,7 +205,7 @@ class WorkerService:
                 await asyncio.sleep(min(0.5 * 2**attempt, 5.0))
         for record in records:
             await self.guarded(agent, record, handler)
-            self.offsets.advance(tp, record.offset)
+            self._advance(agent, tp, record.offset)
             self.metrics.gap_records.labels(topic).inc()
 
     async def guarded(self, agent: str, record: SourceRecord, handler: Handler) -> None:
@@ -364,7 +378,65 @@ class WorkerService:
             self.tables.effect_attempts.set(command.key, Attempt.of(command, self.instance_id).model_dump(mode="json"))
             await self.sink.flush()  # the attempt is durable before the call can happen
         document = self.document_in_force("conversations", record.partition)
-        await self.lanes.submit(command.key, command.account_id, lambda: self.execute(command, document))
+        if command.op in MUTATIONS:
+            work = lambda: self.execute_mutation(command, document, record.partition)  # noqa: E731
+        else:
+            work = lambda: self.execute(command, document)  # noqa: E731
+        await self.lanes.submit(command.key, command.account_id, work)
+
+    async def execute_mutation(self, command: EffectCommand, document: ConfigDocument, partition: int) -> None:
+        """Make a mutation only on a fresh read (DESIGN §6): once the fold has passed what was on the log when this
+        worker took the partition (a person's takeover on it stops the mutation), while the run still awaits this
+        very copy, and while the read it depends on is younger than `fresh_read_ms` (worker clock against the
+        read's outcome time on the log, which is the command's issue time: every mutation is issued by folding the
+        outcome of a read). Otherwise it is not made: `stale` when the run moved on, else a `stale_read` outcome,
+        and the run makes the fresh read again (a reply is never re-sent: §9.7)."""
+        remaining_s = (command.at_ms + self.fresh_read_ms - self.now_ms()) / 1000
+        reason: str | None = None
+        if not await self.catch_up.wait(partition, remaining_s):
+            reason = "catching_up"
+        elif self.awaited_command(command.key) != command:
+            reason = "stale"
+        elif changed_since_read(self.states.get(command.key)):
+            reason = "changed_since_read"
+        else:
+            now = self.now_ms()
+            self.metrics.read_age.labels(command.op).observe(max(now - command.at_ms, 0) / 1000)
+            if not read_is_fresh(command, now, self.fresh_read_ms):
+                reason = "stale_read"
+        if reason is None:
+            await self.execute(command, document)
+            return
+        self.metrics.commands_dropped.labels(command.op, reason).inc()
+        log.info(
+            "mutation not made",
+            extra={
+                "command_id": command.command_id,
+                "op": command.op,
+                "reason": reason,
+                "read_age_ms": self.now_ms() - command.at_ms,
+                "behind": self.catch_up.behind(partition),
+            },
+        )
+        if reason != "stale":
+            await self.report_stale_read(command, reason)
+
+    async def report_stale_read(self, command: EffectCommand, reason: str) -> None:
+        """The outcome of a mutation that was not made because its read was not fresh: the run reads again."""
+        why = {
+            "stale_read": "fresh read too old",
+            "changed_since_read": "status changed since the read",
+        }.get(reason, "partition not folded up to its head yet")
+        outcome = EffectOutcome(
+            key=command.key,
+            account_id=command.account_id,
+            command_id=command.command_id,
+            op=command.op,
+            error=EffectError(kind="stale_read", reason=why),
+            at_ms=self.now_ms(),
+        )
+        self.metrics.count_outcome(outcome, 0.0)
+        await self.send("conversations", command.key, outcome)
 
     async def report_unconfirmed(self, command: EffectCommand) -> None:
         """The outcome of a reply whose earlier attempt's result is unknown: the fold checks history or hands off."""

@@ -16,6 +16,11 @@ locally from two facts:
 A command that is awaited and already attempted is a redelivery of a call that may or may not have happened:
 it is not executed again. For a reply that is reported as unconfirmed (§9.7); for the others the run resumes
 by re-issuing (a new copy, so a new attempt) when its owner changed or its deadline passed.
+
+A mutation needs one more thing, right before its call: a **fresh read** (behavior.md §12.1). Every mutation is
+issued by the fold of a read's outcome, so its `at_ms` is that read's outcome time on the log; `read_is_fresh`
+bounds its age (ROUTER_FRESH_READ_MS), and `changed_since_read` stops it when a status change Chatwoot reported
+(a transition webhook folded into the turn guard) is newer than the read (a person took the conversation over).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from schemas.records import CONVERSATION_READS, EffectCommand
+from schemas.records import CONVERSATION_READS, MUTATIONS, EffectCommand
+from schemas.state import ConversationState
 
 Verdict = Literal["execute", "stale", "redelivered"]
 
@@ -60,3 +66,21 @@ def admit(command: EffectCommand, awaited: EffectCommand | None, attempted: Atte
     if needs_attempt_record(command) and attempted is not None and attempted.is_for(command):
         return "redelivered"
     return "execute"
+
+
+def read_is_fresh(command: EffectCommand, now_ms: int, bound_ms: int) -> bool:
+    """Whether a mutation may still be made at `now_ms`: its read (outcome time = the command's issue time) is at
+    most `bound_ms` old. Anything but a mutation is always fresh enough."""
+    return command.params.op not in MUTATIONS or now_ms - command.at_ms <= bound_ms
+
+
+def changed_since_read(state: ConversationState | None) -> bool:
+    """Whether Chatwoot reported a status change of the conversation newer than the run's last conversation read:
+    a person (or an automation) acted after the read the awaited mutation depends on. The router's own earlier
+    status changes are older than the read that followed them; one the awaited mutation causes comes only after it
+    is made. Unknown times (an older Chatwoot without `updated_at`) never count."""
+    run = state.run if state is not None else None
+    if run is None or run.read_updated_at is None or state is None:
+        return False
+    changed_at = state.guard.transition_at
+    return changed_at is not None and changed_at > run.read_updated_at

@@ -147,6 +147,7 @@ class Conversation(_Model):
     status: Status
     labels: Annotated[list[StrictStr], BeforeValidator(lambda v: [] if v is None else v)] = []
     meta: ConversationMeta = ConversationMeta()
+    updated_at: Lenient[Number] = None
 
 
 class ConversationRow(_Model):

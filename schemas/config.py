@@ -509,6 +509,12 @@ class RouterEnv(BaseModel):
     read_timeout_s: Annotated[float, _env_seconds(0, 3600)] = Field(10.0, alias="ROUTER_READ_TIMEOUT_S")
     keepalive_timeout_s: Annotated[float, _env_seconds(0, 3600)] = Field(15.0, alias="ROUTER_KEEPALIVE_TIMEOUT_S")
     max_connections: Annotated[int, _env_int(1, 1_000_000)] = Field(512, alias="ROUTER_MAX_CONNECTIONS")
+    # a finite retention of the event log (conversations, sweeps) chosen by the operator; unset: kept forever
+    log_retention_ms: Annotated[int, _env_int(3_600_000, 315_360_000_000)] | None = Field(
+        None, alias="ROUTER_LOG_RETENTION_MS"
+    )
+    # how old the fresh read a mutation depends on may be when a worker makes the mutation (DESIGN §6)
+    fresh_read_ms: Annotated[int, _env_int(100, 600_000)] = Field(5000, alias="ROUTER_FRESH_READ_MS")
     # a stable name per worker (e.g. the pod's): static group membership, so a restarted worker takes its
     # partitions back at once instead of the whole group waiting out the dead member's session
     worker_id: Annotated[str, AfterValidator(_app_id)] | None = Field(None, alias="ROUTER_WORKER_ID")

@@ -113,6 +113,11 @@ class ConversationView(_View):
         default=None,
         description="part of meta.sender.email after the first '@' (up to a second); None if no '@'",
     )
+    updated_at: float | None = Field(
+        default=None,
+        description="Chatwoot's updated_at (unix seconds): a conversation webhook newer than this read shows a change "
+        "made after it (DESIGN §6)",
+    )
 
 
 class MessageView(_View):
@@ -267,6 +272,9 @@ CONVERSATION_READS: frozenset[str] = frozenset(
 )
 """The ops that only read a conversation's account (running one twice is harmless; a sweep page is not one)."""
 
+MUTATIONS: frozenset[str] = frozenset({"set_labels", "create_message", "toggle_status", "assign", "unassign"})
+"""The ops that change a conversation: each is made only on a fresh read (DESIGN §6, `ROUTER_FRESH_READ_MS`)."""
+
 
 class EffectCommand(Record):
     """One external call. `command_id` is deterministic ("acct:conv:run:step"); `key` is the Kafka key."""
@@ -376,8 +384,10 @@ OutcomeResult = Annotated[
 class EffectError(_View):
     """Why an effect did not produce a result. Carries only a class and an HTTP status, never a body."""
 
-    kind: Literal["missing", "failed", "timeout", "unconfirmed"] = Field(
-        description="missing = JSON 404; failed = non-2xx (status) or network/shape error (status None)"
+    kind: Literal["missing", "failed", "timeout", "unconfirmed", "stale_read"] = Field(
+        description="missing = JSON 404; failed = non-2xx (status) or network/shape error (status None); "
+        "stale_read = a mutation not made because its fresh read was too old (ROUTER_FRESH_READ_MS) or its partition "
+        "had not been folded up to the head its worker saw at assignment"
     )
     status: int | None = None
     reason: str | None = Field(default=None, description="short safe text, never a body")

@@ -124,6 +124,11 @@ class Run(_State):
     labeled: bool = False
     replied: bool = False
     after_release: str | None = Field(default=None, description="outcome to report once a release finishes")
+    read_updated_at: float | None = Field(
+        default=None,
+        description="Chatwoot's updated_at as the run's last conversation read saw it: a conversation webhook newer "
+        "than that stops the mutation the read allowed (DESIGN §6)",
+    )
     offset: int = -1
 
 

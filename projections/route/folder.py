@@ -165,12 +165,10 @@ class Folder:
         # outcome was folded first), that newer command is already on its way and must not be doubled
         if not (overdue or (event.resume and event.due_ms == run.deadline_ms)):
             return
-        recheck = RECHECK_BEFORE.get(run.phase)
-        if recheck is not None:
+        if run.phase in RECHECK_BEFORE:
             # the mutation may have happened, and a person may have acted since its fresh read (§12.1): its fresh
             # read again, whose rules decide again whether it is still to be made
-            self.set_run(pending=None, deadline_ms=None)
-            recheck(self)
+            self.reread()
             return
         cost = run.pending.params.max_requests
         again = run.pending.model_copy(update={"at_ms": self.now})
@@ -251,7 +249,21 @@ class Folder:
         if self.failed(o, drop_on_missing=False):
             return None
         assert isinstance(o.result, ConversationResult)
+        self.saw(o.result.conversation)
         return o.result.conversation
+
+    def saw(self, c: ConversationView) -> None:
+        """Remember how recent the conversation read is: a status change Chatwoot reports after it stops the
+        mutation this read allows (`projections.admission.changed_since_read`)."""
+        self.set_run(read_updated_at=c.updated_at)
+
+    def reread(self) -> None:
+        """Make the fresh read before the awaited mutation again instead of the mutation (`RECHECK_BEFORE`)."""
+        recheck = RECHECK_BEFORE.get(self.r.phase)
+        if recheck is None:
+            return
+        self.set_run(pending=None, deadline_ms=None)
+        recheck(self)
 
     def kind(self) -> tuple[str, Kind] | None:
         name = self.r.kind

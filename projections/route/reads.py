@@ -93,6 +93,7 @@ def on_release_read(f: Folder, o: EffectOutcome) -> None:
         return
     assert isinstance(o.result, ConversationResult)
     c = o.result.conversation
+    f.saw(c)
     if c.status is not None and c.status != "pending" and owns(c, f.bot_id):
         f.issue(Unassign(), "release_unassign")
     else:

@@ -64,6 +64,10 @@ def on_send(f: Folder, o: EffectOutcome) -> None:
     ):
         f.set_run(replied=True, canned_content=None)
         agents_step(f)
+    elif o.error is not None and o.error.kind == "stale_read":
+        # not sent (its fresh read was too old), and never sent later: the ledger already says attempted (§9.7)
+        f.set_run(canned_content=None)
+        f.handoff("reply_stale_read")
     else:
         f.set_run(canned_content=None)
         f.handoff("reply_unconfirmed")

@@ -128,6 +128,7 @@ class WorkerApp:
             lanes=lanes,
             metrics=metrics,
             now_ms=now_ms,
+            fresh_read_ms=env.fresh_read_ms,
         )
         self._wire()
 
@@ -191,6 +192,7 @@ class WorkerApp:
         """Before partitions move, let running effects finish and their outcomes reach Kafka (bounded): the new
         owner folds them before it resumes anything; what runs longer may still be re-issued there."""
         self.service.forget_states()
+        self.service.catch_up.revoke()
         if self.service.lanes.pending:
             await self.service.drain_effects(REVOKE_DRAIN_S, "while partitions move")
             await self.app.producer.flush()
@@ -200,12 +202,23 @@ class WorkerApp:
         sources = self._source_topics()
         owned = [(tp.topic, tp.partition) for tp in assigned if tp.topic in sources]
         self.service.forget_states()
+        conversations = [tp for tp in owned if tp[0] == self.env.topic("conversations")]
         try:
             starts = await self.reader.resume_points(owned)
         except Exception as exc:  # the first record of each partition then sets its start
             log.warning("resume points unknown after assignment", extra={"error_type": type(exc).__name__})
             starts = {}
+        try:
+            heads = await self.reader.heads(conversations)
+        except Exception as exc:  # mutations then do not wait for the fold to catch up (as before)
+            log.warning("partition heads unknown after assignment", extra={"error_type": type(exc).__name__})
+            heads = {}
         self.service.offsets.assign(owned, starts)
+        self.service.catch_up.assign(
+            frozenset(partition for _, partition in conversations),
+            {tp[1]: offset for tp, offset in heads.items()},
+            {tp[1]: offset for tp, offset in starts.items() if tp in heads},
+        )
 
     # --- the timer tick and the leader's sweeps ----------------------------------------------------------
 

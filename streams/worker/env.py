@@ -27,6 +27,8 @@ class WorkerEnv:
     retry_base_ms: int = 5000
     sweep_interval_s: float = 300.0
     worker_id: str | None = None
+    fresh_read_ms: int = 5000
+    log_retention_ms: int | None = None  # ROUTER_LOG_RETENTION_MS: None keeps the event log forever
 
     def topic(self, name: str) -> str:
         """`<app>.<name>`: conversations, effects, sweeps, dlq."""
@@ -42,6 +44,8 @@ class WorkerEnv:
             retry_base_ms=env.retry_base_ms,
             sweep_interval_s=env.sweep_interval_s,
             worker_id=env.worker_id,
+            fresh_read_ms=env.fresh_read_ms,
+            log_retention_ms=env.log_retention_ms,
         )
 
 
