@@ -23,6 +23,10 @@ Checks (each failure is a `Violation` naming the conversation, the requests and 
   allows ("a human change racing a mutation cannot be fully excluded") when the router's last fresh read
   (`get_conversation`) before it came *before* the person's change and it is not a repeat of an identical
   mutation already applied earlier in the same turn; those are reported under `raced` and do not fail a run.
+- `late_mutations`: any router mutation or reply (bot token) that took effect after a person's takeover or
+  edit of that conversation while the router's last fresh read came before the person's action, whatever it
+  changed (issue 22): the router acted on a conversation that was no longer its own. A customer message that
+  gives the conversation back to the bot ends what the people's actions before it stand for.
 - `unfolded`: a webhook the ingress acknowledged (2xx, not "ignored") that is not on `<app>.conversations`,
   or whose record was never applied: no state in the changelog carries its offset (the workers write one
   state per applied event) or the key's last state is behind it.
@@ -32,8 +36,10 @@ Checks (each failure is a `Violation` naming the conversation, the requests and 
 - `audit_differences`: what `audit --verify` reports (or -1 when it could not run).
 - `wrong_tokens`: a mutation made without the bot token, or a read without the user token.
 
-Informational (never fail a run): `raced`; `repeated_mutations` (an identical router mutation applied again in
-the same turn: a command executed twice, whether or not a person noticed); `late_folds` (acknowledged webhooks
+Informational (never fail a run): `stale_reads` (how often a worker did not make a mutation because its fresh
+read was older than ROUTER_FRESH_READ_MS, or its partition had not caught up: `stale_read` outcomes); `raced`
+(also counted by `late_mutations`); `repeated_mutations` (an identical router mutation applied again in the same
+turn: a command executed twice, whether or not a person noticed); `late_folds` (acknowledged webhooks
 first applied more than 30 s after they were written; `fold_lag_s` has the max, p50 and p99); `jev_repeats`
 (the same System One input answered 2xx more than once, against Decisions 2);
 `applied_without_own_changelog_entry` (a record whose state a SIGKILLed worker wrote to its local RocksDB but
@@ -352,6 +358,65 @@ def check_mutations(
     return stale, raced
 
 
+def check_late_mutations(ev: Evidence, calls: dict[str, list[dict[str, Any]]]) -> list[Violation]:
+    """Router mutations that took effect after a person's takeover or edit of the conversation although the
+    router's last fresh read (`get_conversation`) came before that action, whatever they changed (issue 22: the
+    router acted on a conversation that was no longer its own). A customer message that gives the conversation
+    back to the bot starts a new turn: what people did before it no longer counts."""
+    late: list[Violation] = []
+    actions: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for action in ev.person_actions:
+        actions[f"{action['account_id']}:{action['conversation_id']}"].append(action)
+    for key in ev.scope:
+        timeline: list[tuple[int, str, dict[str, Any]]] = []
+        for call in calls.get(key, []):
+            if "applied_seq" not in call or not call.get("applied"):
+                continue
+            if call["op"] in BOT_OPS and call.get("token") == "bot":
+                timeline.append((call["applied_seq"], "mutation", call))
+            elif call["op"] == "get_conversation" and 200 <= (call.get("status") or 0) < 300:
+                timeline.append((call["applied_seq"], "read", call))
+        timeline += [(a["seq"], "person", a) for a in actions.get(key, [])]
+        timeline.sort(key=lambda item: item[0])
+        last_read: dict[str, Any] | None = None
+        person: dict[str, Any] | None = None
+        for _seq, kind, item in timeline:
+            if kind == "read":
+                last_read = item
+            elif kind == "person":
+                if item["action"] == "customer_message":
+                    if item["after"]["status"] == "pending" and item["before"]["status"] != "pending":
+                        person = None  # Chatwoot gave the conversation back to the bot
+                elif item["action"] in PERSON_ACTIONS:
+                    person = item
+            elif person is not None and (last_read is None or last_read["applied_seq"] < person["seq"]):
+                detail = (
+                    f"{_call_text(item)} at +{item['applied_at'] - person['at']:.2f}s after the person's "
+                    f"{person['action']} {json.dumps(person['args'], separators=(',', ':'))} (seq={person['seq']}); "
+                    + (
+                        f"last fresh read seq={last_read['applied_seq']}, before the person's action"
+                        if last_read is not None
+                        else "no fresh read before it"
+                    )
+                )
+                data = {"call": item, "person_action": person, "last_read": last_read}
+                late.append(Violation("late_mutations", key, detail, data))
+    return late
+
+
+def stale_reads(ev: Evidence) -> int:
+    """How often a worker did not make a mutation because its read was not fresh (`stale_read` outcomes)."""
+    count = 0
+    for record in ev.events:
+        value = record.value if isinstance(record.value, dict) else {}
+        parts = value.get("outcomes") if value.get("type") == "chained_outcomes" else [value]
+        for part in parts or []:
+            error = part.get("error") if isinstance(part, dict) else None
+            if isinstance(error, dict) and error.get("kind") == "stale_read":
+                count += 1
+    return count
+
+
 def _folded_offsets(ev: Evidence) -> tuple[dict[str, set[int]], dict[str, int]]:
     """Per key: every event offset some written state carries, and the offset of the key's last state."""
     folded: dict[str, set[int]] = defaultdict(set)
@@ -557,10 +622,11 @@ def check(ev: Evidence) -> Verdict:
     calls = _by_key(ev.api_calls)
     duplicates = check_duplicates(ev, calls)
     stale, raced = check_mutations(ev, calls)
+    late = check_late_mutations(ev, calls)
     unfolded, skipped = check_folded(ev)
     unended = check_ended(ev, calls)
     tokens = check_tokens(ev)
-    violations = [*duplicates, *stale, *unfolded, *unended, *skipped, *tokens]
+    violations = [*duplicates, *stale, *late, *unfolded, *unended, *skipped, *tokens]
     if ev.audit is None:
         audit_count = -1
         violations.append(Violation("audit_differences", None, "audit --verify did not run"))
@@ -602,6 +668,7 @@ def check(ev: Evidence) -> Verdict:
     counts = {
         "duplicates": len({v.conversation for v in duplicates}),
         "stale_mutations": len(stale),
+        "late_mutations": len(late),
         "unfolded": len(unfolded),
         "unended": len(unended),
         "audit_differences": audit_count,
@@ -611,6 +678,7 @@ def check(ev: Evidence) -> Verdict:
         "jev_repeats": len(jev_repeats(ev)),
         "repeated_mutations": len(repeats),
         "late_folds": sum(1 for lag in lags if lag["lag_s"] > LATE_FOLD_S),
+        "stale_reads": stale_reads(ev),
     }
     info = {
         "raced": raced,

@@ -100,11 +100,29 @@ def test_an_unassign_that_clears_the_persons_assignee_is_stale_even_after_a_fres
     assert "assignee_id 2 -> None" in verdict.violations[0].detail
 
 
-def test_a_mutation_racing_the_persons_change_after_its_fresh_read_is_allowed() -> None:
+def test_a_mutation_racing_the_persons_change_after_its_fresh_read_is_a_late_mutation() -> None:
+    """§12.1's race, which issue 22 no longer allows: the router's read came before the person's takeover."""
     taken = person(5, "assign", PENDING, {**PENDING, "status": "open", "assignee_id": 3, "bot_assignee_id": None})
     resolve = call(6, "toggle_status", {"status": "resolved"}, taken["after"], {**taken["after"], "status": "resolved"})
     verdict = check(evidence(api_calls=[read(1, PENDING), resolve], person_actions=[taken], final=resolve["after"]))
-    assert verdict.counts["stale_mutations"] == 0 and verdict.counts["raced"] == 1 and verdict.passed
+    assert verdict.counts["stale_mutations"] == 0 and verdict.counts["raced"] == 1
+    assert verdict.counts["late_mutations"] == 1 and not verdict.passed
+
+
+def test_any_mutation_after_a_takeover_on_an_older_read_is_late_even_one_that_undoes_nothing() -> None:
+    taken = person(5, "assign", PENDING, {**PENDING, "status": "open", "assignee_id": 3, "bot_assignee_id": None})
+    labels = call(6, "set_labels", {"labels": ["spam"]}, taken["after"], {**taken["after"], "labels": ["spam"]})
+    verdict = check(evidence(api_calls=[read(1, PENDING), labels], person_actions=[taken], final=labels["after"]))
+    assert verdict.counts["stale_mutations"] == 0 and verdict.counts["late_mutations"] == 1
+    assert "set_labels" in verdict.violations[0].detail
+
+
+def test_a_mutation_whose_fresh_read_came_after_the_persons_action_is_not_late() -> None:
+    labelled = person(5, "labels", PENDING, {**PENDING, "labels": ["vip"]})
+    after = {**PENDING, "labels": ["vip", "spam"]}
+    labels = call(7, "set_labels", {"labels": ["vip", "spam"]}, labelled["after"], after)
+    verdict = check(evidence(api_calls=[read(6, labelled["after"]), labels], person_actions=[labelled], final=after))
+    assert verdict.counts["late_mutations"] == 0
 
 
 def test_a_label_replay_that_drops_the_persons_label_is_stale() -> None:
