@@ -279,11 +279,15 @@ class Result:
             f"seed={o.seed}",
             f"conversations={o.conversations}",
             f"kills={o.kills}",
-            *(f"{name}={c[name]}" for name in ("duplicates", "stale_mutations", "unfolded", "unended")),
+            *(
+                f"{name}={c[name]}"
+                for name in ("duplicates", "stale_mutations", "late_mutations", "unfolded", "unended")
+            ),
             f"audit_differences={c['audit_differences']}",
             *(f"{name}={c[name]}" for name in ("skipped_records", "wrong_tokens", "raced", "repeated_mutations")),
             f"jev_repeats={c['jev_repeats']}",
             f"late_folds={c['late_folds']}",
+            f"stale_reads={c['stale_reads']}",
             f"max_fold_lag={self.verdict.info['fold_lag_s']['max']:.1f}s",
             f"broker_restarts={self.broker_restarts}",
             f"self_exits={self.self_exits}",

@@ -139,7 +139,7 @@ class Violation:
         return f"[{self.check}]{where}: {self.detail}"
 
 
-COUNTED = ("duplicates", "stale_mutations", "unfolded", "unended", "audit_differences")
+COUNTED = ("duplicates", "stale_mutations", "late_mutations", "unfolded", "unended", "audit_differences")
 EXTRA = ("skipped_records", "wrong_tokens")
 
 
