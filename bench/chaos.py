@@ -288,6 +288,7 @@ class Result:
             f"jev_repeats={c['jev_repeats']}",
             f"late_folds={c['late_folds']}",
             f"stale_reads={c['stale_reads']}",
+            f"read_to_mutation_max={self.verdict.info.get('read_to_mutation_ms', {}).get('max', 0):.0f}ms",
             f"max_fold_lag={self.verdict.info['fold_lag_s']['max']:.1f}s",
             f"broker_restarts={self.broker_restarts}",
             f"self_exits={self.self_exits}",

@@ -404,6 +404,29 @@ def check_late_mutations(ev: Evidence, calls: dict[str, list[dict[str, Any]]]) -
     return late
 
 
+def read_to_mutation_ms(ev: Evidence) -> dict[str, float]:
+    """How long after its fresh read (the command's issue time, as the log has it) each router mutation reached
+    Chatwoot: what ROUTER_FRESH_READ_MS must allow with headroom (p50, p99, max, in milliseconds)."""
+    issued: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for record in ev.effects:
+        value = record.value if isinstance(record.value, dict) else {}
+        op = (value.get("params") or {}).get("op")
+        if op in BOT_OPS or op == "unassign":
+            issued[(str(value.get("key")), "assign" if op == "unassign" else str(op))].append(int(value["at_ms"]))
+    gaps: list[float] = []
+    for call in ev.api_calls:
+        key = key_of_path(call.get("path", ""))
+        if call.get("token") != "bot" or not call.get("applied") or key is None:
+            continue
+        before = [at for at in issued.get((key, call["op"]), []) if at <= call["at"] * 1000 + 5]
+        if before:
+            gaps.append(call["at"] * 1000 - max(before))
+    gaps.sort()
+    if not gaps:
+        return {}
+    return {"p50": gaps[len(gaps) // 2], "p99": gaps[min(len(gaps) - 1, len(gaps) * 99 // 100)], "max": gaps[-1]}
+
+
 def stale_reads(ev: Evidence) -> int:
     """How often a worker did not make a mutation because its read was not fresh (`stale_read` outcomes)."""
     count = 0
@@ -690,6 +713,7 @@ def check(ev: Evidence) -> Verdict:
         },
         "late_folds": [lag for lag in lags if lag["lag_s"] > LATE_FOLD_S],
         "jev_repeats": jev_repeats(ev),
+        "read_to_mutation_ms": read_to_mutation_ms(ev),
         "applied_without_own_changelog_entry": [v.line() for v in local_only],
         "effects_reissued": sum(1 for n in effect_ids.values() if n > 1),
         "effects_records": sum(effect_ids.values()),
