@@ -39,6 +39,7 @@ from schemas.chatwoot import Conversation, Message
 from schemas.config import RouterConfig, Settings
 from schemas.keys import ConversationKey, SweepKey, parse_key
 from schemas.records import (
+    MUTATIONS,
     AgentsResult,
     Assign,
     CannedResult,
@@ -77,6 +78,18 @@ DECIDE_MEMO_SIZE = 1024
 
 class _BadCommand(Exception):
     """A command the executor cannot carry out as given (e.g. a route op on a sweep key)."""
+
+
+class _ChangedSinceRead(Exception):
+    """The conversation changed after the fresh read a mutation depends on: the mutation is not made."""
+
+
+class _ReadBeforeFailed(Exception):
+    """The read right before a mutation failed: the mutation was not made."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class _MalformedPage(Exception):
@@ -197,15 +210,21 @@ class EffectExecutor:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def execute(self, command: EffectCommand, config: RouterConfig | None = None) -> EffectOutcome:
+    async def execute(
+        self, command: EffectCommand, config: RouterConfig | None = None, *, unchanged_since: float | None = None
+    ) -> EffectOutcome:
         """Run one command; failures come back as `outcome.error`, never as exceptions.
 
         `config` is the configuration version in force for the command's partition (DESIGN §8); it decides the
-        System One question. Endpoints and secrets stay those the executor was started with.
+        System One question. Endpoints and secrets stay those the executor was started with. With
+        `unchanged_since` (Chatwoot's `updated_at` as the mutation's fresh read saw it), a mutation reads the
+        conversation once more right before it is made, milliseconds apart as the reference does, and is not made
+        when the conversation changed since: the outcome is then `stale_read` (DESIGN §6), and the read counts
+        as one more request.
         """
         if isinstance(command.params, Decide):
             return await self._decide_once(command, config or self._config)
-        return await self._run(command, config or self._config)
+        return await self._run(command, config or self._config, unchanged_since)
 
     # --- the decide memo -----------------------------------------------------------------------------------
 
@@ -248,16 +267,27 @@ class EffectExecutor:
 
     # --- dispatch ------------------------------------------------------------------------------------------
 
-    async def _run(self, command: EffectCommand, config: RouterConfig) -> EffectOutcome:
+    async def _run(
+        self, command: EffectCommand, config: RouterConfig, unchanged_since: float | None = None
+    ) -> EffectOutcome:
         chatwoot = self._chatwoot.metered()  # counts this command's requests only, even with lanes in parallel
         counter = _JevCount()
         result: OutcomeResult | None = None
         error: EffectError | None = None
+        check = unchanged_since is not None and command.op in MUTATIONS
         try:
+            if check and unchanged_since is not None:
+                await self._unchanged_since(command, chatwoot, unchanged_since)
             result = await self._dispatch(command, chatwoot, counter, config)
             made = chatwoot.requests + counter.requests
             if made > command.params.max_requests:  # the fold budgeted and timed the command by its bound
                 raise _OverBudget(f"{command.op} made {made} requests, declares at most {command.params.max_requests}")
+        except _ChangedSinceRead:
+            error = EffectError(kind="stale_read", reason="changed since the fresh read")
+        except _ReadBeforeFailed as exc:
+            error = classify(exc.cause)
+            if isinstance(command.params, CreateMessage):  # not sent, and never sent later (§9.7)
+                error = error.model_copy(update={"kind": "stale_read", "status": None})
         except Exception as exc:
             error = classify(exc)
             if error.reason is not None and error.reason.startswith("internal error"):
@@ -277,6 +307,17 @@ class EffectExecutor:
             error=error,
             requests=chatwoot.requests + counter.requests,
         )
+
+    @staticmethod
+    async def _unchanged_since(command: EffectCommand, chatwoot: ChatwootClient, since: float) -> None:
+        """Raise unless the conversation is as its fresh read saw it (Chatwoot's `updated_at` not newer)."""
+        account, conversation = _conversation_of(command)
+        try:
+            read = await chatwoot.get_conversation(account, conversation)
+        except Exception as exc:
+            raise _ReadBeforeFailed(exc) from None
+        if read.updated_at is not None and read.updated_at > since:
+            raise _ChangedSinceRead
 
     @staticmethod
     def _unconfirmed(command: EffectCommand, exc: Exception, error: EffectError) -> EffectError:

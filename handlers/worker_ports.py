@@ -55,7 +55,9 @@ class Sink(Protocol):
 
 
 class Executor(Protocol):
-    async def execute(self, command: EffectCommand, config: RouterConfig | None = None) -> EffectOutcome: ...
+    async def execute(
+        self, command: EffectCommand, config: RouterConfig | None = None, *, unchanged_since: float | None = None
+    ) -> EffectOutcome: ...
 
     async def aclose(self) -> None: ...
 

@@ -405,7 +405,8 @@ class WorkerService:
             if not read_is_fresh(command, now, self.fresh_read_ms):
                 reason = "stale_read"
         if reason is None:
-            await self.execute(command, document)
+            # the executor reads once more right before the call and makes it only if nothing changed since
+            await self.execute(command, document, unchanged_since=self.read_updated_at(command.key))
             return
         self.metrics.commands_dropped.labels(command.op, reason).inc()
         log.info(
@@ -453,10 +454,17 @@ class WorkerService:
         self.metrics.count_outcome(outcome, 0.0)
         await self.send("conversations", command.key, outcome)
 
-    async def execute(self, command: EffectCommand, document: ConfigDocument | None = None) -> None:
+    def read_updated_at(self, key: str) -> float | None:
+        """Chatwoot's `updated_at` as the key's run last read the conversation (None: unknown)."""
+        state = self.states.get(key)
+        return state.run.read_updated_at if state is not None and state.run is not None else None
+
+    async def execute(
+        self, command: EffectCommand, document: ConfigDocument | None = None, *, unchanged_since: float | None = None
+    ) -> None:
         """Run one command in its lane and record its outcome as an event on the command's key; for a
         conversation, then run the reads the fold will issue next (`chain_reads`)."""
-        outcome = await self.run_command(command, document)
+        outcome = await self.run_command(command, document, unchanged_since)
         if command.op == "list_conversations":
             await self.send("sweeps", command.key, outcome)
         elif document is None or not is_conversation_key(command.key):
@@ -464,9 +472,15 @@ class WorkerService:
         else:
             await self.chain_reads(command, outcome, document)
 
-    async def run_command(self, command: EffectCommand, document: ConfigDocument | None) -> EffectOutcome:
+    async def run_command(
+        self, command: EffectCommand, document: ConfigDocument | None, unchanged_since: float | None = None
+    ) -> EffectOutcome:
         started = time.monotonic()
-        outcome = await self.executor.execute(command, document.config if document is not None else None)
+        config = document.config if document is not None else None
+        if unchanged_since is None:
+            outcome = await self.executor.execute(command, config)
+        else:
+            outcome = await self.executor.execute(command, config, unchanged_since=unchanged_since)
         self.metrics.count_outcome(outcome, time.monotonic() - started)
         return outcome
 

@@ -186,7 +186,14 @@ class Decide(_Params):
     text: str
 
 
-class SetLabels(_Params):
+class _Mutation(_Params):
+    """A change of the conversation: the executor reads the conversation once more right before it and makes it
+    only if nothing changed since the run's fresh read (DESIGN §6), so it may make two requests."""
+
+    max_requests: ClassVar[int] = 2
+
+
+class SetLabels(_Mutation):
     op: Literal["set_labels"] = "set_labels"
     labels: tuple[str, ...]
 
@@ -205,7 +212,7 @@ class ListCanned(_Params):
     short_code: str
 
 
-class CreateMessage(_Params):
+class CreateMessage(_Mutation):
     op: Literal["create_message"] = "create_message"
     content: str
 
@@ -214,17 +221,17 @@ class ListAgents(_Params):
     op: Literal["list_agents"] = "list_agents"
 
 
-class ToggleStatus(_Params):
+class ToggleStatus(_Mutation):
     op: Literal["toggle_status"] = "toggle_status"
     status: Literal["open", "resolved", "snoozed"]
 
 
-class Assign(_Params):
+class Assign(_Mutation):
     op: Literal["assign"] = "assign"
     assignee_id: int
 
 
-class Unassign(_Params):
+class Unassign(_Mutation):
     op: Literal["unassign"] = "unassign"
 
 

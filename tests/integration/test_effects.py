@@ -458,3 +458,40 @@ async def test_a_decide_for_an_unrouted_account_fails_without_a_request(
     assert outcome.error is not None and (outcome.error.kind, outcome.requests) == ("failed", 0)
     assert outcome.error.reason == "account 2 is not routed"
     assert sandbox.systemone_calls == []
+
+
+# --- a mutation is made only if nothing changed since its fresh read (issue 22) ---------------------------------
+
+
+async def _read_updated_at(executor: EffectExecutor, conv: int) -> float:
+    read = await executor.execute(command(GetConversation(), conv))
+    assert isinstance(read.result, ConversationResult) and read.result.conversation.updated_at is not None
+    return read.result.conversation.updated_at
+
+
+async def test_a_mutation_on_an_unchanged_conversation_reads_it_once_more_and_is_made(
+    sandbox: Sandbox, executor: EffectExecutor
+) -> None:
+    conv = conversation(sandbox, "I was charged twice")
+    since = await _read_updated_at(executor, conv)
+    outcome = await executor.execute(command(Assign(assignee_id=2), conv), unchanged_since=since)
+    assert_ok(outcome, 2)  # the read right before, then the assignment
+    assert sandbox.conversation_state(sandbox.world.conversation(1, conv))["assignee_id"] == 2
+
+
+@pytest.mark.parametrize(
+    "params",
+    [Assign(assignee_id=2), SetLabels(labels=("billing",)), ToggleStatus(status="open"), CreateMessage(content="Hi")],
+    ids=lambda p: p.op,
+)
+async def test_a_mutation_after_a_persons_change_since_its_read_is_not_made(
+    sandbox: Sandbox, executor: EffectExecutor, params: CommandParams
+) -> None:
+    conv = conversation(sandbox, "I was charged twice")
+    since = await _read_updated_at(executor, conv)
+    sandbox.human_assign(1, conv, 1, 3)  # a person takes it over after the router's read
+    before = sandbox.conversation_state(sandbox.world.conversation(1, conv))
+    outcome = await executor.execute(command(params, conv), unchanged_since=since)
+    assert outcome.error is not None and outcome.error.kind == "stale_read"  # never "unconfirmed": not sent
+    assert outcome.requests == 1
+    assert sandbox.conversation_state(sandbox.world.conversation(1, conv)) == before

@@ -26,6 +26,7 @@ from schemas.records import (
     MUTATIONS,
     ConfigApplied,
     EffectCommand,
+    EffectError,
     EffectOutcome,
     GetConversation,
     SetLabels,
@@ -56,7 +57,21 @@ class ClockedExecutor:
     def __init__(self, chatwoot: FakeChatwoot, clock: Clock) -> None:
         self.chatwoot, self.clock = chatwoot, clock
 
-    async def execute(self, command: EffectCommand, config: RouterConfig | None = None) -> EffectOutcome:
+    async def execute(
+        self, command: EffectCommand, config: RouterConfig | None = None, *, unchanged_since: float | None = None
+    ) -> EffectOutcome:
+        current = self.chatwoot.conversation.updated_at
+        if unchanged_since is not None and current is not None and current > unchanged_since:
+            error = EffectError(kind="stale_read", reason="changed since the fresh read")  # as EffectExecutor does
+            return EffectOutcome(
+                at_ms=self.clock(),
+                key=command.key,
+                account_id=command.account_id,
+                command_id=command.command_id,
+                op=command.op,
+                error=error,
+                requests=1,
+            )
         result, error, requests = self.chatwoot.execute(command)
         return EffectOutcome(
             at_ms=self.clock(),
@@ -312,3 +327,19 @@ async def test_a_reply_past_the_bound_is_not_sent_and_never_sent_later() -> None
     assert state(tables).ledger.value == "attempted" and state(tables).run is None
     handoffs = service.metrics.handoffs.labels("reply_stale_read")._value.get()
     assert handoffs == 1 and chatwoot.conversation.status == "open"  # handed to people on a fresh read
+
+
+async def test_a_change_whose_webhook_was_not_folded_yet_stops_the_mutation_at_its_last_read() -> None:
+    """The person's change reached Chatwoot, but its webhook is not on the log yet: the executor's read right
+    before the call sees it, the mutation is not made, and the run's fresh read decides again."""
+    chatwoot, clock = billing(), Clock()
+    tables, bus, service = await labels_issued(chatwoot, clock)
+    chatwoot.conversation = chatwoot.conversation.model_copy(
+        update={"status": "open", "assignee_type": "User", "assignee_id": 8, "updated_at": 1001.0}
+    )
+    calls = len(chatwoot.calls)
+    await run_until_quiet(service, bus)
+    assert not {"set_labels", "assign"} & set(chatwoot.ops()[calls:])
+    stale = [o for o in outcomes(bus) if o.op == "set_labels" and o.error is not None]
+    assert [o.error.kind for o in stale if o.error] == ["stale_read"]
+    assert chatwoot.conversation.assignee_id == 8 and state(tables).run is None
