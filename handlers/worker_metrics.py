@@ -103,6 +103,11 @@ class WorkerMetrics:
         self.config_switches = Counter(
             "router_config_switches_total", "ConfigApplied markers folded (a partition switched version)", registry=r
         )
+        self.cache_writes = Counter(
+            "router_cache_writes_total",
+            "state and timers records the write cache wrote at commits (one per key changed since the last)",
+            registry=r,
+        )
         self.broker_up = Gauge("router_broker_up", "1 while the broker answered the last metadata probe", registry=r)
         self.broker_up.set(1)
         self.timers_pending = Gauge("router_timers_pending", "keys with a durable timer on this worker", registry=r)

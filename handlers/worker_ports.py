@@ -8,6 +8,7 @@ reply-attempt guard, resume after takeover, DLQ routing, timer re-emission) is t
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,6 +44,20 @@ class Table(Protocol):
     def delete(self, key: str) -> None: ...
 
     def items(self) -> Iterator[tuple[str, Any]]: ...
+
+
+class PartitionScope(Protocol):
+    """Where a table write outside a record's handling lands: `with scope(p):` writes go to partition `p`.
+
+    Faust takes a table write's partition (its store's and its changelog's) from the event being processed; the
+    write cache writes at commit time, outside any event, so it names the partition of each key it writes."""
+
+    def __call__(self, partition: int) -> AbstractContextManager[object]: ...
+
+
+def any_partition(partition: int) -> AbstractContextManager[object]:
+    """The scope of tables that do not care (`MemoryTable`)."""
+    return nullcontext()
 
 
 class Sink(Protocol):

@@ -7,8 +7,9 @@
 - **Guarded**: a record that cannot be decoded or handled goes to the DLQ with its error; it never stalls the
   partition.
 - **Folds** (`router`, `sweeper`): one routine for both, `fold_record`: fold the record into the key's stored
-  state (`projections.steps`), write the state if it changed (and re-write it for a redelivered record), flush
-  before a `create_message` is sent (its ledger entry must be durable first), send the commands and what a sweep
+  state (`projections.steps`), keep the state in the write cache if it changed (and mark it to be re-written for
+  a redelivered record), write the cache and flush before a `create_message` is sent (its ledger entry must be
+  durable first), send the commands and what a sweep
   page found, end the lane's hold on its slots once the run waits for nothing, set the key's timer, report turn
   outcomes. A `ConfigApplied` marker switches the partition's
   configuration version instead.
@@ -24,6 +25,11 @@
   record, an outcome record, a state write and a trip through Kafka per chained read; the requests are the same.
 - **Timers** (`handlers.worker_timers`): `fire_due_timers` emits `TimerFired` for what is due and resumes runs
   whose awaited command was issued by another process.
+- **The commit protocol** (docs/architecture.md): the states and the `timers` entries are written back once per
+  commit. `before_commit` writes every key changed since the last commit; the transport calls it before it
+  flushes the producer and commits the input offsets (`streams/worker/transport.py`), and `commit_cache` does
+  the same (write, then flush) whenever correctness needs it sooner: before a reply, before a configuration
+  switch, before partitions are given up and at shutdown.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from handlers.lanes import Lanes
 from handlers.partition_reader import RangeNotRead
 from handlers.state_cache import ModelCache
 from handlers.worker_metrics import WorkerMetrics
-from handlers.worker_ports import TP, Executor, GapReader, Sink, SourceRecord, Table
+from handlers.worker_ports import TP, Executor, GapReader, PartitionScope, Sink, SourceRecord, Table, any_partition
 from handlers.worker_timers import Timers
 from projections.admission import Attempt, admit, changed_since_read, needs_attempt_record, read_is_fresh
 from projections.offsets import OffsetTracker
@@ -125,6 +131,8 @@ class WorkerService:
         instance_id: str | None = None,
         max_chain: int = MAX_CHAIN,
         fresh_read_ms: int = DEFAULT_FRESH_READ_MS,
+        scope: PartitionScope = any_partition,
+        write_cache: bool = True,
     ) -> None:
         self.tables = tables
         self.sink = sink
@@ -138,10 +146,13 @@ class WorkerService:
         self.now_ms = now_ms
         # tells this process's commands from those of a dead or departed one
         self.instance_id = instance_id or uuid.uuid4().hex
-        # the fold states, decoded once and written through (handlers/state_cache.py)
-        self.states = ModelCache(tables.states, ConversationState)
-        self.sweep_states = ModelCache(tables.sweep_states, SweepState)
-        self.timers = Timers(tables.timers, self.states, self.sweep_states)
+        # the fold states, decoded once (handlers/state_cache.py); with `write_cache`, the states and `timers`
+        # entries are written back once per commit (docs/architecture.md "The commit protocol"), else at once
+        self.scope = scope
+        self.write_cache = write_cache
+        self.states = ModelCache(tables.states, ConversationState, write_back=write_cache)
+        self.sweep_states = ModelCache(tables.sweep_states, SweepState, write_back=write_cache)
+        self.timers = Timers(tables.timers, self.states, self.sweep_states, write_back=write_cache)
         # conversation key -> command id -> the chained read this process runs (or ran) before the fold issues it
         self.chained: dict[str, dict[str, EffectCommand]] = {}
         if not 0 <= max_chain < MAX_CHAINED_OUTCOMES:
@@ -242,9 +253,31 @@ class WorkerService:
         headers = dlq_headers(error, record.topic, record.partition, record.offset)
         await self.sink.send("dlq", key, record.value if record.value is not None else b"", headers)
 
+    # --- the commit protocol (docs/architecture.md) -------------------------------------------------------------
+
+    def before_commit(self) -> int:
+        """Write every state and `timers` entry changed since the last commit, each once, to its partition.
+
+        The caller then flushes the producer (so these changelog records are acknowledged) and only then commits
+        the input offsets: an offset is never committed before the states of the records below it are durable.
+        Returns how many records that wrote."""
+        written = self.states.write_dirty(self.scope)
+        written += self.sweep_states.write_dirty(self.scope)
+        written += self.timers.write_dirty(self.scope)
+        if written:
+            self.metrics.cache_writes.inc(written)
+        return written
+
+    async def commit_cache(self) -> None:
+        """Write the cache and wait until it is acknowledged (with everything sent before): before a reply may be
+        sent, before a configuration switch, and before partitions are given up or the process stops."""
+        self.before_commit()
+        await self.sink.flush()
+
     def forget_states(self) -> None:
         """At a rebalance: decoded states are read again from the tables (a partition that comes back may have
-        been written by another owner), and chained reads in flight lose their claim (at worst a read twice)."""
+        been written by another owner), and chained reads in flight lose their claim (at worst a read twice).
+        Call `commit_cache` first: values not yet written are kept, never dropped."""
         self.states.clear()
         self.sweep_states.clear()
         self.chained.clear()
@@ -266,6 +299,9 @@ class WorkerService:
                 self.book.add(document)
         if marker.version not in self.book:
             raise Undecodable(f"configuration version {marker.version} is not on the configs topic")
+        # the states folded under the old version are durable before the new one is: a crash then never folds
+        # a record before the marker again under the new version (the fold stays deterministic)
+        await self.commit_cache()
         self.tables.partition_configs.set(partition_slot(source, partition), marker.version)
         self.metrics.config_switches.inc()
         log.info(
@@ -303,12 +339,12 @@ class WorkerService:
         # past this record (docs/consumer-gaps.md §2); the same for the key's entry in the timers table.
         redelivered = not step.changed and stored is not None
         if step.changed:
-            table.set(key, step.state)
+            table.set(key, step.state, record.partition)
             self.metrics.events_folded.labels(source, event.type).inc()
         elif redelivered:
-            table.set(key, stored)
+            table.rewrite(key, record.partition)
         if any(command.op == "create_message" for command in step.commands):
-            await self.sink.flush()  # the ledger entry is durable before the reply may be sent
+            await self.commit_cache()  # the ledger entry is written and durable before the reply may be sent
         await self.send_commands(self.unchained(key, step))
         if not step.commands and not step.waiting:
             self.lanes.end_hold(key)  # its lane's slots go to the next conversation (handlers/lanes.py)

@@ -2,7 +2,9 @@
 
 A key's next due time is part of its folded state (`wakeup_of`: the pending command's deadline, else the job's
 due time; `sweep_wakeup` for a sweep). The changelog-backed `timers` table lists the keys that have one, with
-their partition, and changes only when a key gains or loses its due time (twice per turn), not at every step.
+their partition, and changes only when a key gains or loses its due time (twice per turn), not at every step;
+like the states, the table is written once per commit (`write_dirty`), so a key listed and unlisted between two
+commits writes nothing.
 `TimerIndex` mirrors the owned partitions in memory: each fold step sets its key's due time, and after every
 rebalance the index is rebuilt from the listed keys' states, so a rebalance reads the conversations that are
 in progress, never every conversation ever seen.
@@ -15,11 +17,13 @@ Which runs wait on this process's own commands is kept in memory: those commands
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from handlers.state_cache import ModelCache
-from handlers.worker_ports import Table
+from handlers.worker_ports import PartitionScope, Table, any_partition
 from projections.fold import wakeup_of
 from projections.sweep import sweep_wakeup
 from projections.timer_index import TimerIndex
@@ -43,14 +47,22 @@ class Timers:
     """Due times of the keys in the partitions this process owns, and the runs waiting on its own commands."""
 
     def __init__(
-        self, table: Table, states: ModelCache[ConversationState], sweep_states: ModelCache[SweepState]
+        self,
+        table: Table,
+        states: ModelCache[ConversationState],
+        sweep_states: ModelCache[SweepState],
+        *,
+        write_back: bool = True,
     ) -> None:
         self.table = table
+        self.write_back = write_back  # False: each change is written at once, as before issue 23
         self.states = states
         self.sweep_states = sweep_states
         self.index = TimerIndex()
         self.listed: set[str] = set()  # keys of owned partitions the table lists
         self.waiting_here: set[str] = set()  # keys whose run waits for a command this process issued
+        # key -> (partition, entry or None to unlist): the table writes since the last commit
+        self._writes: dict[str, tuple[int, dict[str, Any] | None]] = {}
         self._generation: int | None = None
         self._partitions: frozenset[int] = frozenset()
 
@@ -75,12 +87,60 @@ class Timers:
             self.waiting_here.add(key)
         if due_ms is not None:
             if key not in self.listed or rewrite:
-                self.table.set(key, TimerKey(p=partition).model_dump())
+                self._write(key, partition, TimerKey(p=partition).model_dump())
                 self.listed.add(key)
-        elif key in self.listed or self.table.get(key) is not None:
-            self.table.delete(key)
+        elif key in self.listed or self._entry(key) is not None:
+            self._write(key, partition, None)
             self.listed.discard(key)
         self.index.set(partition, key, due_ms)
+
+    def _write(self, key: str, partition: int, value: dict[str, Any] | None) -> None:
+        if self.write_back:
+            self._writes[key] = (partition, value)
+        elif value is not None:
+            self.table.set(key, value)
+        else:
+            self.table.delete(key)
+
+    def write_dirty(self, scope: PartitionScope = any_partition) -> int:
+        """Write the entries changed since the last commit, each once; returns how many records that made.
+
+        An entry unlisted before it was ever written is not written at all (the table never had it)."""
+        by_partition: dict[int, list[str]] = {}
+        for key, (partition, _) in self._writes.items():
+            by_partition.setdefault(partition, []).append(key)
+        written = 0
+        for partition, keys in by_partition.items():
+            with scope(partition):
+                for key in keys:
+                    value = self._writes[key][1]
+                    if value is not None:
+                        self.table.set(key, value)
+                        written += 1
+                    elif self.table.get(key) is not None:
+                        self.table.delete(key)
+                        written += 1
+                    del self._writes[key]
+        return written
+
+    @property
+    def dirty(self) -> int:
+        return len(self._writes)
+
+    def _entry(self, key: str) -> Any | None:
+        """The key's entry as the next commit leaves it."""
+        if key in self._writes:
+            return self._writes[key][1]
+        return self.table.get(key)
+
+    def _entries(self) -> Iterator[tuple[str, Any]]:
+        """The table's entries as the next commit leaves them."""
+        for key, value in self.table.items():
+            if key not in self._writes:
+                yield key, value
+        for key, (_, value) in list(self._writes.items()):
+            if value is not None:
+                yield key, value
 
     def refresh(self, owned: frozenset[int], generation: int | None) -> list[tuple[str, int]]:
         """Rebuild the index from the listed keys' states when the assignment changed.
@@ -94,7 +154,7 @@ class Timers:
         entries: list[tuple[int, str, int]] = []
         resume: list[tuple[str, int]] = []
         listed: set[str] = set()
-        for key, value in self.table.items():
+        for key, value in self._entries():
             try:
                 partition = TimerKey.model_validate(value).p
             except ValidationError:

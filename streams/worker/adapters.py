@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import faust
+from faust import streams as faust_streams
 
 from handlers.worker_ports import Headers, SourceRecord
 
@@ -47,3 +51,42 @@ class FaustSink:
 def source_record(event: Any) -> SourceRecord:
     message = event.message
     return SourceRecord(message.topic, message.partition, message.offset, event.key, event.value)
+
+
+@dataclass(frozen=True)
+class _Message:
+    topic: str
+    partition: int
+
+
+class _PartitionEvent:
+    """What a Faust table write reads of the current event: its message's source topic and partition."""
+
+    __slots__ = ("__weakref__", "message")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.message = _Message(topic, partition)
+
+
+class FaustPartitionScope:
+    """`handlers.worker_ports.PartitionScope` for Faust tables: writes inside `with scope(p):` go to partition p.
+
+    A Faust table write (`table[key] = value`, its RocksDB store's put and its changelog record) takes the
+    partition from `faust.streams.current_event()`, a ContextVar, and raises outside an event. The write cache
+    writes at commit time, outside any event, so this sets a stand-in event of partition p of `topic` (a source
+    topic co-partitioned with the tables) for the duration of the block, and restores the previous one after.
+    """
+
+    def __init__(self, topic: str) -> None:
+        if not hasattr(faust_streams, "_current_event"):
+            raise RuntimeError("faust.streams has no _current_event: revisit streams/worker/adapters.py")
+        self.topic = topic
+
+    @contextmanager
+    def __call__(self, partition: int) -> Iterator[None]:
+        event = _PartitionEvent(self.topic, partition)  # held here while the ContextVar refers to it
+        token = faust_streams._current_event.set(weakref.ref(event))  # type: ignore[arg-type]
+        try:
+            yield
+        finally:
+            faust_streams._current_event.reset(token)

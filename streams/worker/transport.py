@@ -6,16 +6,24 @@ partition can wait for a long-poll on the *other* partitions to time out: each h
 (command -> outcome -> next command) then took about a second (bench/worker_bench.py, docs/benchmarks.md). A
 short long-poll bounds that wait; the cost is more (empty) fetch requests while idle.
 
+The consumer also runs the worker's pre-commit hook (`set_pre_commit`) in `_commit_offsets`, before Faust
+flushes the producer and commits the offsets: the write cache's changed keys are written there, so their
+changelog records are acknowledged by that flush and no offset is committed before the states of the records
+below it are durable (docs/architecture.md "The commit protocol").
+
 Faust picks a transport by the broker URL's scheme from its `faust.transports` entry points; this package
 registers `router-kafka` (pyproject.toml), and the worker's broker URLs use it. Nothing in Faust is patched.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import aiokafka
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
 
 SCHEME = "router-kafka"
 FETCH_MAX_WAIT_MS = 50
@@ -34,9 +42,29 @@ class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return consumer
 
 
+PreCommit = Callable[[], object]
+
+_pre_commit: weakref.WeakKeyDictionary[Any, PreCommit] = weakref.WeakKeyDictionary()
+
+
+def set_pre_commit(app: Any, hook: PreCommit) -> None:
+    """Run `hook` (synchronous) at every offset commit of `app`'s consumer, before the producer is flushed."""
+    _pre_commit[app] = hook
+
+
 class Consumer(faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def _commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
+        """Write the worker's cache first; Faust then flushes the producer (acks) and commits `offsets`.
+
+        `offsets` were taken from the acknowledged records before this runs, so everything the hook writes
+        covers at least the records below them."""
+        hook = _pre_commit.get(self.app)
+        if hook is not None:
+            hook()
+        return await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
 
 
 class Transport(faust_aiokafka.Transport):

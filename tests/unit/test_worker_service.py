@@ -85,8 +85,14 @@ def new_tables() -> WorkerTables:
 
 
 def new_service(
-    tables: WorkerTables, chatwoot: FakeChatwoot, config: RouterConfig | None = None, *, max_chain: int = 16
+    tables: WorkerTables,
+    chatwoot: FakeChatwoot,
+    config: RouterConfig | None = None,
+    *,
+    max_chain: int = 16,
+    write_cache: bool = True,
 ) -> WorkerService:
+    """A service on `tables`; with the write cache (the commit protocol) unless `write_cache` is False."""
     document = ConfigDocument.of(config or make_config(), FoldSettings(retry_base_ms=1000))
 
     async def no_book() -> ConfigBook:
@@ -107,12 +113,17 @@ def new_service(
         lanes=Lanes(hold_s=3600.0),  # a lane the fold forgot to let go of would stay
         now_ms=lambda: T0,
         max_chain=max_chain,
+        write_cache=write_cache,
     )
 
 
-async def deliver(service: WorkerService, bus: Bus, record: SourceRecord) -> None:
+async def deliver(service: WorkerService, bus: Bus, record: SourceRecord, *, commit: bool = True) -> None:
+    """Hand `record` to its agent and let its effects run; then, unless `commit` is False, commit as the transport
+    does after it (the write cache written; tests/unit/test_commit_protocol.py tells the commits apart)."""
     await service.on_record(AGENT_OF[record.topic], record)
     await service.lanes.drain()
+    if commit:
+        service.before_commit()
     assert isinstance(service.sink, MemorySink)
     bus.collect(service.sink)
 
@@ -245,18 +256,19 @@ async def test_an_undecodable_record_goes_to_the_dlq_and_the_partition_goes_on()
     assert service.metrics.dlq.labels("conversations")._value.get() == 1
 
 
-async def test_a_redelivered_record_rewrites_the_state_it_finds() -> None:
+@pytest.mark.parametrize("write_cache", [True, False])
+async def test_a_redelivered_record_rewrites_the_state_it_finds(write_cache: bool) -> None:
     """After a SIGKILL the local store can be ahead of its changelog: a redelivered record writes both again."""
     chatwoot = FakeChatwoot(messages=[incoming(1, "I was charged twice")])
     tables, bus = new_tables(), Bus()
-    service = new_service(tables, chatwoot)
+    service = new_service(tables, chatwoot, write_cache=write_cache)
     record = webhook(bus)
     await deliver(service, bus, record)
     states, timers = tables.states, tables.timers
     assert isinstance(states, MemoryTable) and isinstance(timers, MemoryTable)
     before = (states.writes, timers.writes, states.get(KEY), timers.get(KEY))
 
-    restarted = new_service(tables, chatwoot)  # the offset was never committed: the record comes again
+    restarted = new_service(tables, chatwoot, write_cache=write_cache)  # the offset was never committed
     await deliver(restarted, bus, record)
     assert (states.writes, timers.writes) == (before[0] + 1, before[1] + 1)
     assert (states.get(KEY), timers.get(KEY)) == (before[2], before[3])  # the same values, written again
