@@ -44,12 +44,18 @@ def load_or_exit(config_path: str | None, env: RouterEnv | None = None) -> Setti
 
 
 def apply_file(path: str) -> int:
-    """Store the file's configuration (no secrets) under its version and mark every partition with it."""
+    """Store the file's configuration (no secrets) under its version and mark every partition with it.
+
+    Works as the operator's first step on an empty cluster: the app's topics are created first, with
+    ROUTER_PARTITIONS and the settings a worker would give them; transient broker states are waited out.
+    """
     import asyncio
 
     from aiokafka.errors import KafkaError
 
     from handlers.config_store import apply, read_book
+    from handlers.kafka_retry import KafkaUnusable, print_waiting, retrying
+    from handlers.kafka_topics import ensure_app_topics
     from schemas.configs import ConfigDocument, FoldSettings
 
     env = env_or_exit()
@@ -58,15 +64,28 @@ def apply_file(path: str) -> int:
     except ConfigError as exc:
         raise fail(exc) from None
     document = ConfigDocument.of(config, FoldSettings(retry_base_ms=env.retry_base_ms))
-    try:
-        latest = asyncio.run(read_book(env.bootstrap, env.app_id)).latest
+
+    async def apply_once() -> int | None:
+        """The markers written, or None when the version is in force; safe to repeat (the same version twice)."""
+        # the operator's first step may come before any worker: create the app's topics as a worker would
+        await ensure_app_topics(env.bootstrap, env.app_id, env.partitions, log_retention_ms=env.log_retention_ms)
+        latest = (await read_book(env.bootstrap, env.app_id)).latest
         if latest is not None and latest.version == document.version:
-            print(f"configuration version {document.version} is already in force")
-            return 0
-        markers = asyncio.run(apply(env.bootstrap, env.app_id, document))
+            return None
+        return await apply(env.bootstrap, env.app_id, document)
+
+    try:
+        waiting = print_waiting("config apply", env.bootstrap)
+        markers = asyncio.run(retrying(apply_once, bootstrap=env.bootstrap, on_wait=waiting))
+    except KafkaUnusable as exc:
+        print(f"configuration not applied: {exc}", file=sys.stderr)
+        return 1
     except (LookupError, KafkaError, OSError) as exc:
         print(f"configuration not applied: kafka at {env.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    if markers is None:
+        print(f"configuration version {document.version} is already in force")
+        return 0
     print(f"applied configuration version {document.version}: {markers} partitions marked")
     return 0
 

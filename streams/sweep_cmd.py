@@ -13,11 +13,12 @@ import sys
 import time
 
 from handlers.kafka_io import durable_producer
-from handlers.kafka_topics import ensure_topics
+from handlers.kafka_retry import KafkaUnusable, print_waiting, retrying
+from handlers.kafka_topics import ensure_app_topics
 from schemas.records import SweepRequested
 from streams.config_cmd import EXIT_INVALID_CONFIG, load_or_exit
 from streams.worker.env import WorkerEnv
-from streams.worker_cmd import TOPICS, env_or_exit
+from streams.worker_cmd import env_or_exit
 
 SEND_TIMEOUT_S = 30.0
 
@@ -32,7 +33,7 @@ def requests_for(accounts: list[int], at_ms: int) -> list[SweepRequested]:
 
 
 async def produce(env: WorkerEnv, records: list[SweepRequested]) -> None:
-    await ensure_topics(env.bootstrap, {env.topic(name): env.partitions for name in TOPICS})
+    await ensure_app_topics(env.bootstrap, env.app_id, env.partitions, log_retention_ms=env.log_retention_ms)
     async with durable_producer(env.bootstrap) as producer, asyncio.timeout(SEND_TIMEOUT_S):
         for record in records:
             await producer.send_and_wait(
@@ -49,8 +50,15 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INVALID_CONFIG
     accounts = [args.account] if args.account is not None else routed
     records = requests_for(accounts, time.time_ns() // 1_000_000)
-    try:
-        asyncio.run(produce(env, records))
+    try:  # transient broker states are waited out (handlers/kafka_retry.py); a repeated request is harmless
+        asyncio.run(
+            retrying(
+                lambda: produce(env, records), bootstrap=env.bootstrap, on_wait=print_waiting("sweep", env.bootstrap)
+            )
+        )
+    except KafkaUnusable as exc:
+        print(f"sweep request not durable: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:
         print(f"sweep request not durable: {type(exc).__name__}", file=sys.stderr)
         return 1

@@ -30,6 +30,7 @@ COMMANDS = {
     "sweep": ["sweep"],
     "replay": ["replay", "dlq", "--dry-run"],
     "audit": ["audit", "--verify"],
+    "topics": ["topics"],
 }
 
 
@@ -133,13 +134,14 @@ def test_lone_surrogate_in_the_configuration(tmp_path: Path) -> None:
         ("sweep", "ROUTER_PARTITIONS", "٣"),
         ("audit", "ROUTER_RETRY_BASE_MS", "²"),
         ("replay", "ROUTER_APP_ID", "a/b"),
+        ("topics", "ROUTER_LOG_RETENTION_MS", "30d"),
     ],
 )
 def test_a_bad_variable_is_one_line_and_exit_2(tmp_path: Path, command: str, variable: str, value: str) -> None:
     assert refused(tmp_path, command, **{variable: value}).startswith(f"Invalid environment: {variable}: must be ")
 
 
-@pytest.mark.parametrize("command", ["config", "ingress", "worker", "sweep", "audit", "replay"])
+@pytest.mark.parametrize("command", ["config", "ingress", "worker", "sweep", "audit", "replay", "topics"])
 @pytest.mark.parametrize(
     ("variable", "value"),
     [
