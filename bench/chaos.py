@@ -61,6 +61,7 @@ from bench.chaos_verify import CONVERSATION_KEY, Evidence, Verdict, check, colle
 from handlers.processes import Child
 from handlers.sandbox.scenario import from_config
 from schemas.config import parse_config
+from streams.kafka_cluster import LocalCluster, start_cluster
 from streams.kafka_local import LocalKafka, free_port, start_broker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,6 +249,7 @@ class Options:
     workers: int = 2
     partitions: int = 8
     broker_restarts: int = 0
+    brokers: int = 1  # 3: a local three-node cluster (streams/kafka_cluster.py); a restart hits one node
     duration_s: float | None = None
     fault_rate: float = 0.3
     json_path: Path | None = None
@@ -290,6 +292,7 @@ class Result:
             f"stale_reads={c['stale_reads']}",
             f"read_to_mutation_max={self.verdict.info.get('read_to_mutation_ms', {}).get('max', 0):.0f}ms",
             f"max_fold_lag={self.verdict.info['fold_lag_s']['max']:.1f}s",
+            f"brokers={o.brokers}",
             f"broker_restarts={self.broker_restarts}",
             f"self_exits={self.self_exits}",
             f"duration={self.duration_s:.0f}s",
@@ -324,6 +327,7 @@ class Chaos:
             raise ValueError("broker restarts need the test's own broker (no bootstrap servers given)")
         self.external_bootstrap = bootstrap
         self.broker: LocalKafka | None = None
+        self.cluster: LocalCluster | None = None
         self.broker_port = free_port()
         self.broker_down = False
         self.started = time.monotonic()
@@ -349,6 +353,8 @@ class Chaos:
 
     @property
     def bootstrap(self) -> str:
+        if self.cluster is not None:
+            return self.cluster.bootstrap
         return self.external_bootstrap or f"127.0.0.1:{self.broker_port}"
 
     def env(self) -> dict[str, str]:
@@ -385,7 +391,11 @@ class Chaos:
 
     async def start_stack(self) -> None:
         self.write_files()
-        if self.external_bootstrap is None:
+        if self.external_bootstrap is None and self.o.brokers > 1:
+            self.note("starting a three-node cluster")
+            self.cluster = await asyncio.to_thread(start_cluster, None, self.work / "kafka-cluster")
+            self.note("cluster up", bootstrap=self.cluster.bootstrap)
+        elif self.external_bootstrap is None:
             self.note("starting the broker", port=self.broker_port)
             await asyncio.to_thread(self.start_broker)
         env = self.env()
@@ -449,6 +459,8 @@ class Chaos:
             proc.stop()
         if self.broker is not None:
             self.broker.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
 
     async def supervise(self, stop: asyncio.Event) -> None:
         """Restart a process that exited by itself (not killed by us), and report it."""
@@ -587,8 +599,11 @@ class Chaos:
         times = [(0.15 + 0.75 * (n + self.rng.uniform(0.2, 0.8)) / slots) * self.o.play_s for n in range(slots)]
         for n, at in enumerate(times):
             await self.sleep_until(base + at)
-            assert self.broker is not None
             how = "SIGTERM" if n % 2 == 0 else "SIGKILL"
+            if self.cluster is not None:
+                await self.restart_node(n, slots, how)
+                continue
+            assert self.broker is not None
             self.broker_down = True
             self.note(f"broker stop {n + 1}/{slots}", signal=how)
             await asyncio.to_thread(self.broker.stop if how == "SIGTERM" else self.broker.kill)
@@ -604,6 +619,29 @@ class Chaos:
             await asyncio.to_thread(self.start_broker)
             self.broker_restarts += 1
             self.note(f"broker up again {n + 1}/{slots}")
+
+    async def restart_node(self, n: int, slots: int, how: str) -> None:
+        """One node of the cluster, picked at random, stopped for a while and started again; the other two keep
+        serving (min ISR 2 of 3), so the workers should stay healthy throughout."""
+        assert self.cluster is not None
+        index = self.rng.randrange(len(self.cluster.nodes))
+        self.note(f"broker stop {n + 1}/{slots}", signal=how, node=index + 1)
+        if how == "SIGTERM":
+            await asyncio.to_thread(self.cluster.terminate, index)
+        else:
+            await asyncio.to_thread(self.cluster.kill, index)
+        down_s = self.rng.uniform(2.0, 8.0)
+        stopped = time.monotonic()
+        samples: dict[str, list[str]] = {w.name: [] for w in self.workers}
+        while time.monotonic() - stopped < down_s:
+            for w in self.workers:
+                ok = w.alive() and await self.healthy(w)
+                samples[w.name].append(f"{time.monotonic() - stopped:.1f}s:{200 if ok else 'not 200'}")
+            await asyncio.sleep(0.5)
+        self.note("workers' /healthz while one node is down", node=index + 1, samples=samples)
+        await asyncio.to_thread(self.cluster.restart, index)
+        self.broker_restarts += 1
+        self.note(f"broker up again {n + 1}/{slots}", node=index + 1)
 
     # --- settling ---
 
@@ -800,6 +838,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--broker-restarts", type=int, default=0)
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        help="3: run on a local three-node cluster; each broker restart stops a random one of the three",
+    )
     parser.add_argument("--duration", type=float, default=None, help="seconds of play (default 1.5 per conversation)")
     parser.add_argument("--fault-rate", type=float, default=0.3, help="share of conversations with one fault")
     parser.add_argument("--settle-deadline", type=float, default=240.0, help="seconds to wait after the sweep")
@@ -820,8 +865,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clean", action="store_true", help="remove the work directory after a passing run")
     args = parser.parse_args(argv)
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None
-    if bootstrap and args.broker_restarts:
-        print("--broker-restarts needs the test's own broker: unset KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr)
+    if bootstrap and (args.broker_restarts or args.brokers > 1):
+        print(
+            "--broker-restarts and --brokers need the test's own Kafka: unset KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr
+        )
         return 2
     options = Options(
         conversations=args.conversations,
@@ -830,6 +877,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         partitions=args.partitions,
         broker_restarts=args.broker_restarts,
+        brokers=args.brokers,
         duration_s=args.duration,
         fault_rate=args.fault_rate,
         json_path=args.json,

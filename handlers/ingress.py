@@ -32,6 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from handlers.ingress_conn import DEFAULT_READ_TIMEOUT_S, ConnectionGuard, start_guarded
 from handlers.kafka_topics import ensure_topics
 from handlers.logging_setup import log_line
+from handlers.producer_health import ProbeClient, breaks_producer, topic_min_isr, writable_now
 from projections.webhook import MAX_BODY_BYTES, TIMESTAMP_TOLERANCE_S, Outcome, evaluate
 from schemas.config import ConfigError, RouterEnv, Settings, load_settings, read_env
 from schemas.records import WebhookReceived
@@ -78,15 +79,16 @@ class KafkaUnavailable(ConnectionError):
 
 
 class KafkaWebhookWriter:
-    """Idempotent, acks=all producer to the conversations topic, connected lazily and replaced when it fails.
+    """Idempotent, acks=all producer to the conversations topic, connected lazily and replaced when it breaks.
 
-    Kafka may be down when the ingress starts or at any time later. A write that fails in any way (an error
-    from the broker or the client, or no ack within the caller's deadline) retires the producer it used: the
-    producer is closed in the background (its in-flight records get `retire_grace_s` to land, then it is
-    aborted) and the next write creates a fresh idempotent producer. An idempotent producer whose batches
-    failed while the broker was away can be left with a broken sequence (`OutOfOrderSequenceNumber`,
-    `UnknownProducerId`), a dead sender task or a closed client, and never recover by itself; a fresh one has
-    none of that state.
+    Kafka may be down when the ingress starts or at any time later, or lose one broker of several. A write that
+    fails because the producer is unusable (`handlers.producer_health.breaks_producer`: a broken idempotent
+    sequence such as `OutOfOrderSequenceNumber` or `UnknownProducerId`, a fenced or closed producer) retires
+    it: the producer is closed in the background (its in-flight records get `retire_grace_s` to land, then it
+    is aborted) and the next write creates a fresh idempotent producer, which has none of that state; so does a
+    producer whose sender task died. A write that fails because its partition cannot take it right now (no
+    ack within the caller's deadline, no leader, too few in-sync replicas) keeps the producer: that webhook
+    gets its 500 and the others, on partitions whose leaders answer, go on being acknowledged.
     While the broker is unreachable each request tries to connect (concurrent requests share one attempt; a
     refused connection fails at once), so the first request after the broker is back gets a 200;
     `reconnect_backoff_s` can space attempts out, failing requests in between at once (500).
@@ -103,11 +105,15 @@ class KafkaWebhookWriter:
         retire_grace_s: float = 1.0,
         reconnect_backoff_s: float = 0.0,
         probe_timeout_s: float = 1.0,
-        probe_cache_s: float = 0.5,
-        fresh_s: float = 5.0,
+        probe_cache_s: float = 0.25,
+        fresh_s: float = 0.25,
+        shut_after_s: float = 1.0,
+        min_isr_max_age_s: float = 60.0,
         on_replace: Callable[[str], None] | None = None,
         producer_factory: Callable[[], AIOKafkaProducer] | None = None,
         create_topic: bool = True,
+        read_min_isr: Callable[[], Awaitable[int | None]] | None = None,
+        probe_client: Callable[[], Awaitable[Any]] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
@@ -119,19 +125,29 @@ class KafkaWebhookWriter:
         self._probe_timeout_s = probe_timeout_s
         self._probe_cache_s = probe_cache_s
         self._fresh_s = fresh_s
+        self._shut_after_s = shut_after_s
+        self._min_isr_max_age_s = min_isr_max_age_s
         self._on_replace = on_replace
         self._producer_factory = producer_factory or self._new_producer
+        self._read_min_isr = read_min_isr or (
+            lambda: topic_min_isr(self.bootstrap, self.topic, request_timeout_ms=self._request_timeout_ms)
+        )
+        self._own_probe_client = ProbeClient(bootstrap, request_timeout_ms=request_timeout_ms)
+        self._probe_client = probe_client or self._own_probe_client
         self._producer: AIOKafkaProducer | None = None
         self._connecting: asyncio.Task[AIOKafkaProducer] | None = None
         self._connect_failed_at: float | None = None
         self._topic_ready = not create_topic
         self._last_success: float | None = None
         self._last_failure: float | None = None
+        self._failing_since: float | None = None  # the first failed write since the last acknowledged one
+        self._min_isr: tuple[float, int | None] | None = None  # (read at, the topic's min.insync.replicas)
         self._probe: asyncio.Task[bool] | None = None
         self._probe_result: tuple[float, bool] | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._unavailable_logged = False
         self.replacements = 0
+        self.writable_partitions: int | None = None  # how many partitions the last probe found writable
 
     async def connect(self) -> None:
         """Create the topic if missing and start the producer (also done lazily by `write`)."""
@@ -139,22 +155,35 @@ class KafkaWebhookWriter:
 
     async def write(self, key: str, value: bytes) -> None:
         """Returns once the broker acknowledged the record with acks=all; raises otherwise."""
-        producer = await self._ready_producer()
+        producer: AIOKafkaProducer | None = None
         try:
+            producer = await self._ready_producer()
             await producer.send_and_wait(self.topic, value=value, key=key.encode())
         except BaseException as exc:  # including cancellation by the caller's deadline
-            self._last_failure = time.monotonic()
-            self._replace(producer, exc)
+            now, previous = time.monotonic(), self._last_failure
+            if self._failing_since is None or previous is None or now - previous >= 2 * self._shut_after_s:
+                self._failing_since = now  # a new run of failures (an old one, long quiet, does not count)
+            self._last_failure = now
+            if producer is not None and breaks_producer(exc):
+                self._replace(producer, exc)
             raise
         self._last_success = time.monotonic()
+        self._failing_since = None
         if self._unavailable_logged:
             self._unavailable_logged = False
             log.info("kafka writes resumed", extra={"topic": self.topic})
 
     async def writable(self) -> bool:
-        """True while the door can write: a recent write succeeded and none failed since, else a metadata probe
-        (a producer, and a leader for every partition of the topic) answers within `probe_timeout_s`."""
+        """True while the door can write to some partition of the topic (/healthz).
+
+        False while every write has failed for `shut_after_s` (and the last failure is recent); else True when a
+        write was acknowledged within `fresh_s` and none failed since; else a probe decides within
+        `probe_timeout_s` (results reused for `probe_cache_s`): fresh metadata, and at least one partition whose
+        leader and every in-sync replica are reachable and number at least the topic's min.insync.replicas
+        (`handlers.producer_health.writable_partitions`)."""
         now = time.monotonic()
+        if self._every_write_failing(now):
+            return False
         last_ok, last_bad = self._last_success, self._last_failure
         if (
             self._producer is not None
@@ -170,6 +199,18 @@ class KafkaWebhookWriter:
             self._probe = asyncio.create_task(self._run_probe())
         return await asyncio.shield(self._probe)
 
+    def _every_write_failing(self, now: float) -> bool:
+        """Writes have failed for `shut_after_s` with none acknowledged, and one failed just now: whatever the
+        metadata says (e.g. a cluster that lost its controller quorum still lists every broker), the door is
+        shut."""
+        failing, last_bad = self._failing_since, self._last_failure
+        return (
+            failing is not None
+            and last_bad is not None
+            and now - failing >= self._shut_after_s
+            and now - last_bad < 2 * self._shut_after_s
+        )
+
     async def close(self) -> None:
         """Flush what is in flight (up to the retire grace) and stop (graceful shutdown)."""
         if self._connecting is not None and not self._connecting.done():
@@ -178,6 +219,7 @@ class KafkaWebhookWriter:
                 await self._connecting
         if self._probe is not None and not self._probe.done():
             self._probe.cancel()
+        await self._own_probe_client.close()
         producer, self._producer = self._producer, None
         if producer is not None:
             self._retire(producer, grace_s=max(self._retire_grace_s, 5.0))
@@ -260,18 +302,29 @@ class KafkaWebhookWriter:
         task.add_done_callback(self._retiring.discard)
 
     async def _run_probe(self) -> bool:
-        ok = False
+        writable: set[int] = set()
         try:
             async with asyncio.timeout(self._probe_timeout_s):
-                producer = await self._ready_producer()
-                metadata = await producer.client.fetch_all_metadata()
-            partitions = metadata.partitions_for_topic(self.topic)
-            available = metadata.available_partitions_for_topic(self.topic)
-            ok = bool(partitions) and available == partitions
+                await self._ready_producer()  # a door that cannot make a producer cannot write
+                client = await self._probe_client()  # its own connections (handlers/producer_health.py)
+                writable = await writable_now(client, self.topic, await self._topic_min_isr())
         except Exception:
-            ok = False
+            writable = set()
+        self.writable_partitions = len(writable)
+        ok = bool(writable)
         self._probe_result = (time.monotonic(), ok)
         return ok
+
+    async def _topic_min_isr(self) -> int | None:
+        """The topic's min.insync.replicas, read at most every `min_isr_max_age_s` (an operator may fix it)."""
+        now = time.monotonic()
+        cached = self._min_isr
+        if cached is not None and now - cached[0] < self._min_isr_max_age_s:
+            return cached[1]
+        value = await self._read_min_isr()
+        if value is not None or cached is None:
+            self._min_isr = (now, value)
+        return value if value is not None else (cached[1] if cached is not None else None)
 
 
 def _producer_alive(producer: AIOKafkaProducer) -> bool:
@@ -382,6 +435,12 @@ class IngressMetrics:
         self.kafka_writable = Gauge(
             "chatwoot_router_ingress_kafka_writable",
             "1 when the last /healthz found the door able to write to Kafka, else 0",
+            registry=self.registry,
+        )
+        self.writable_partitions = Gauge(
+            "chatwoot_router_ingress_writable_partitions",
+            "Partitions of the conversations topic the last Kafka probe found writable (leader and every in-sync "
+            "replica reachable); fewer than the topic has while a broker is down",
             registry=self.registry,
         )
 
@@ -572,6 +631,9 @@ async def _healthz(request: web.Request) -> web.Response:
         log.warning("kafka probe failed", extra={"error_type": type(exc).__name__})
         kafka = False
     app[METRICS].kafka_writable.set(1 if kafka else 0)
+    partitions = getattr(app[WRITER], "writable_partitions", None)
+    if isinstance(partitions, int):
+        app[METRICS].writable_partitions.set(partitions)
     ok = config_ok and kafka
     body = json.dumps({"ok": ok, "kafka": kafka}, separators=(",", ":"))
     return web.Response(status=200 if ok else 503, text=body, content_type="application/json")

@@ -2,9 +2,9 @@
 
 - `durable_producer`: acks from all in-sync replicas and idempotence, so a record a command reports as written is
   written once (config apply, sweep, replay, rebuilds, tests).
-- `read_topic`: a topic from its beginning up to its end offsets as of the start, for audits and replays. It
-  never joins a consumer group and never commits: replays must not disturb the running workers. It reports
-  progress (records read, rate) through a callback so long replays show where they are.
+- `read_topic`: a topic from its beginning up to its end offsets as of the start, for small topics (`configs`)
+  and tests. It never joins a consumer group and never commits: readers must not disturb the running workers.
+  The readers of the event log use `handlers/log_reader.py` (partition by partition, bounded memory).
 
 The ingress keeps a producer of its own (handlers/ingress.py): its timeouts are part of the door's answer.
 """

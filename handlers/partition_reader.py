@@ -62,12 +62,6 @@ class PartitionReader:
         if admin is not None:
             await admin.close()
 
-    async def probe(self) -> None:
-        """Raise unless the cluster answers a metadata request (the worker's /healthz asks every few seconds)."""
-        async with self._lock:
-            _, admin = await self._clients()
-        await admin.describe_cluster()
-
     async def resume_points(self, tps: Iterable[TP]) -> dict[TP, int]:
         """Where the group resumes each partition: its committed offset, else the partition's log start."""
         wanted = [TopicPartition(topic, partition) for topic, partition in tps]

@@ -9,34 +9,49 @@ id recovers exactly this state and resumes the runs that were waiting for an out
 
 In place: the same fold over the app's own topics, written over its own changelogs (keys no longer produced are
 deleted), with the app's group offsets moved to the end. Both refuse while a worker of the target group runs.
+
+At scale (DESIGN §8 "Readers at scale"): each partition is copied, folded and written on its own
+(handlers/rebuild_partition.py), `jobs` partitions at a time in as many processes, so memory holds one
+partition's states per process and every core folds. A log whose head was deleted is refused (the rebuilt state
+would lack the reply ledger and memos of what is gone) unless the operator accepts a partial history.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import functools
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import OffsetAndMetadata
 
-from handlers.config_store import configs_topic, ensure_configs_topic, read_book
+from handlers.config_store import configs_topic, read_book
 from handlers.kafka_io import durable_producer, read_topic, topic_partitions
-from handlers.kafka_topics import TABLES, changelog_topic, ensure_topics
-from projections.rebuild import TableBuilder
-from schemas.configs import ConfigBook
+from handlers.kafka_topics import ensure_app_topics
+from handlers.log_reader import plan
+from handlers.read_progress import ReadProgress
+from handlers.rebuild_partition import SOURCE_TOPICS, PartitionRebuilt, RebuildJob, passes, rebuild_partition
+from handlers.shards import default_jobs, run_sharded
+from projections.log_scan import History
 
-SOURCE_TOPICS = ("conversations", "sweeps")
-ALL_TOPICS = ("conversations", "effects", "sweeps", "dlq")
-REBUILT_TABLES = ("conversation_state", "sweep_state", "timers", "partition_configs")
-
-Progress = Callable[[str, int], None]
+SMALL_READ = 20_000  # records: below this a pool of processes costs more than it saves
 
 
 class RebuildRefused(Exception):
     """The rebuild would race a running worker, or has nothing to start from; `str()` says why."""
+
+
+class PartialHistoryRefused(Exception):
+    """The event log lost records from its head; `str()` names the partitions and how many records are gone."""
+
+    def __init__(self, history: History) -> None:
+        self.history = history
+        super().__init__(
+            f"{history.describe()}. A state rebuilt from it would lack what those records held (reply ledger, "
+            "memos); give --accept-partial-history to rebuild from what is left"
+        )
 
 
 @dataclass
@@ -47,6 +62,8 @@ class Summary:
     runs_in_flight: int
     undecodable: int
     seconds: float
+    history: History | None = None
+    jobs: int = 1
 
 
 async def live_members(bootstrap: str, group: str) -> int:
@@ -64,36 +81,14 @@ async def live_members(bootstrap: str, group: str) -> int:
     return members
 
 
-async def _read(bootstrap: str, topic: str) -> dict[int, list[ConsumerRecord[bytes, bytes]]]:
-    by_partition: dict[int, list[ConsumerRecord[bytes, bytes]]] = {}
-
-    def keep(record: ConsumerRecord[bytes, bytes]) -> None:
-        by_partition.setdefault(record.partition, []).append(record)
-
-    for tp in await topic_partitions(bootstrap, topic):
-        by_partition.setdefault(tp.partition, [])
-    await read_topic(bootstrap, topic, keep)
-    return by_partition
-
-
-async def _copy(bootstrap: str, source: str, target: str, producer: AIOKafkaProducer, progress: Progress | None) -> int:
-    """Append to `target` what it lacks of `source`, partition by partition (a resumed copy skips what is there)."""
-    have = await _end_offsets(bootstrap, target)
-    copied = 0
-    for partition, records in sorted((await _read(bootstrap, source)).items()):
-        pending = []
-        for record in records[have.get(partition, 0) :]:
-            pending.append(
-                await producer.send(
-                    target, value=record.value, key=record.key, partition=partition, headers=list(record.headers)
-                )
-            )
-            copied += 1
-            if progress is not None and copied % 1000 == 0:
-                progress("copied", copied)
-        for future in pending:
-            await future
-    return copied
+async def _copy_configs(bootstrap: str, source: str, target: str, producer: AIOKafkaProducer) -> int:
+    """Append to `target` the documents it lacks of `source` (a small compacted topic: skipped by count)."""
+    have = sum((await _end_offsets(bootstrap, target)).values())
+    records: list[ConsumerRecord[bytes, bytes]] = []
+    await read_topic(bootstrap, source, records.append)
+    for record in records[have:]:
+        await producer.send_and_wait(target, value=record.value, key=record.key, partition=record.partition)
+    return max(0, len(records) - have)
 
 
 async def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
@@ -105,57 +100,6 @@ async def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     finally:
         await consumer.stop()
     return {tp.partition: offset for tp, offset in ends.items()}
-
-
-async def _fold(bootstrap: str, app_id: str, book: ConfigBook, progress: Progress | None) -> TableBuilder:
-    builder = TableBuilder(book)
-    for name, feed in (("conversations", builder.feed_conversation), ("sweeps", builder.feed_sweep)):
-        for partition, records in sorted((await _read(bootstrap, f"{app_id}.{name}")).items()):
-            for record in records:
-                feed(record.value, partition, record.offset)
-                if progress is not None and builder.records % 1000 == 0:
-                    progress("folded", builder.records)
-    return builder
-
-
-async def _existing_keys(bootstrap: str, topic: str) -> dict[bytes, int]:
-    keys: dict[bytes, int] = {}
-
-    def keep(record: ConsumerRecord[bytes, bytes]) -> None:
-        if record.key is not None:
-            if record.value is None:
-                keys.pop(record.key, None)
-            else:
-                keys[record.key] = record.partition
-
-    try:
-        await read_topic(bootstrap, topic, keep)
-    except LookupError:
-        return {}
-    return keys
-
-
-async def _write_tables(
-    bootstrap: str, app_id: str, builder: TableBuilder, producer: AIOKafkaProducer, *, delete_stale: bool
-) -> None:
-    """Write every table value to its changelog (as Faust writes them: JSON key and value) at its partition."""
-    tables = builder.tables()
-    for table in REBUILT_TABLES:
-        topic = changelog_topic(app_id, table)
-        values = tables[table]
-        futures = []
-        for key, (partition, value) in values.items():
-            raw_key = json.dumps(key).encode()
-            futures.append(
-                await producer.send(topic, key=raw_key, value=json.dumps(value).encode(), partition=partition)
-            )
-        if delete_stale:
-            wanted = {json.dumps(key).encode() for key in values}
-            for raw_key, partition in (await _existing_keys(bootstrap, topic)).items():
-                if raw_key not in wanted:
-                    futures.append(await producer.send(topic, key=raw_key, value=None, partition=partition))
-        for future in futures:
-            await future
 
 
 async def _set_group_offsets(bootstrap: str, app_id: str) -> None:
@@ -173,10 +117,31 @@ async def _set_group_offsets(bootstrap: str, app_id: str) -> None:
         await consumer.stop()
 
 
+async def _sizes(bootstrap: str, app_id: str) -> tuple[dict[int, int], History]:
+    """Records to fold per partition, and the event log's history."""
+    conversations = await plan(bootstrap, f"{app_id}.conversations")
+    sizes = {span.partition: span.size for span in conversations.spans}
+    try:
+        for span in (await plan(bootstrap, f"{app_id}.sweeps")).spans:
+            sizes[span.partition] = sizes.get(span.partition, 0) + span.size
+    except LookupError:
+        pass
+    return sizes, conversations.history
+
+
 async def rebuild(
-    bootstrap: str, app_id: str, *, to_app: str | None = None, progress: Progress | None = None
+    bootstrap: str,
+    app_id: str,
+    *,
+    to_app: str | None = None,
+    log_retention_ms: int | None = None,
+    accept_partial_history: bool = False,
+    jobs: int | None = None,
+    show_progress: bool = True,
 ) -> Summary:
-    """Rebuild `app_id`'s tables in place, or into the new app `to_app` (blue/green)."""
+    """Rebuild `app_id`'s tables in place, or into the new app `to_app` (blue/green; its topics are created with
+    the settings a worker gives them, `log_retention_ms` being ROUTER_LOG_RETENTION_MS), `jobs` partitions at a
+    time (default: the machine's cores)."""
     started = time.monotonic()
     target = to_app or app_id
     if await live_members(bootstrap, target):
@@ -184,26 +149,46 @@ async def rebuild(
     book = await read_book(bootstrap, app_id)
     if not len(book):
         raise RebuildRefused(f"no configuration version on {configs_topic(app_id)}: start a worker of {app_id} once")
+    sizes, history = await _sizes(bootstrap, app_id)
+    if history.is_partial and not accept_partial_history:
+        raise PartialHistoryRefused(history)
     copied = 0
-    async with durable_producer(bootstrap, linger_ms=5) as producer:
-        if to_app is not None:
-            partitions = len(await topic_partitions(bootstrap, f"{app_id}.conversations"))
-            await ensure_topics(bootstrap, {f"{to_app}.{name}": partitions for name in ALL_TOPICS})
-            compacted = {"cleanup.policy": "compact"}
-            logs = {changelog_topic(to_app, table): partitions for table in TABLES}
-            await ensure_topics(bootstrap, logs, configs={name: compacted for name in logs})
-            await ensure_configs_topic(bootstrap, to_app)
-            copied += await _copy(bootstrap, configs_topic(app_id), configs_topic(to_app), producer, None)
-            for name in SOURCE_TOPICS:
-                copied += await _copy(bootstrap, f"{app_id}.{name}", f"{to_app}.{name}", producer, progress)
-        builder = await _fold(bootstrap, target, await read_book(bootstrap, target), progress)
-        await _write_tables(bootstrap, target, builder, producer, delete_stale=to_app is None)
-    await _set_group_offsets(bootstrap, target)
-    return Summary(
-        copied=copied,
-        records=builder.records,
-        conversations=len(builder.states),
-        runs_in_flight=builder.runs_in_flight(),
-        undecodable=builder.undecodable,
-        seconds=time.monotonic() - started,
+    if to_app is not None:
+        partitions = len(await topic_partitions(bootstrap, f"{app_id}.conversations"))
+        await ensure_app_topics(bootstrap, to_app, partitions, log_retention_ms=log_retention_ms)
+        async with durable_producer(bootstrap) as producer:
+            copied += await _copy_configs(bootstrap, configs_topic(app_id), configs_topic(to_app), producer)
+    job = RebuildJob(
+        bootstrap=bootstrap,
+        source_app=app_id,
+        target_app=target,
+        book=await read_book(bootstrap, target),
+        copy=to_app is not None,
+        delete_stale=to_app is None,
     )
+    jobs = jobs or default_jobs()
+    if sum(sizes.values()) < SMALL_READ:
+        jobs = 1
+    reads = {p: n * (passes(n) + (1 if to_app is not None else 0)) for p, n in sizes.items()}  # copy, fold passes
+    progress = ReadProgress("replay state", reads) if show_progress else None
+    try:
+        task = functools.partial(rebuild_partition, job)
+        done: dict[int, PartitionRebuilt] = await asyncio.to_thread(run_sharded, task, sizes, jobs, progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    await _set_group_offsets(bootstrap, target)
+    parts = list(done.values())
+    return Summary(
+        copied=copied + sum(p.copied for p in parts),
+        records=sum(p.records for p in parts),
+        conversations=sum(p.conversations for p in parts),
+        runs_in_flight=sum(p.runs_in_flight for p in parts),
+        undecodable=sum(p.undecodable for p in parts),
+        seconds=time.monotonic() - started,
+        history=history,
+        jobs=jobs,
+    )
+
+
+__all__ = ["SOURCE_TOPICS", "PartialHistoryRefused", "RebuildRefused", "Summary", "live_members", "rebuild"]

@@ -1,10 +1,12 @@
 """The effectful part of `whatif`: reading the event log, and (`--ask`) System One with an answer cache.
 
-Nothing here talks to Chatwoot. The log is read without a consumer group (handlers/kafka_io.py), so a what-if
-never disturbs the workers. System One gets only the candidate's new questions, at most `concurrency` at a
-time; each answer is kept in `<cache>/<digest>.json`, the digest being the SHA-256 of the request body
-(the redacted input, the questions and the model), so a second run asks nothing. The cache holds System One's
-answers only (choices and probabilities), never the input text.
+Nothing here talks to Chatwoot. The log is read partition by partition without a consumer group
+(handlers/log_reader.py), so a what-if never disturbs the workers, and each partition's turns are compared as they
+end (projections/whatif_tally.py): memory holds one partition's states and the report's counts, never the topic.
+System One gets only the candidate's new questions, at most `concurrency` at a time; each answer is kept in
+`<cache>/<digest>.json`, the digest being the SHA-256 of the request body (the redacted input, the questions and
+the model), so a second run asks nothing. The cache holds System One's answers only (choices and probabilities),
+never the input text.
 """
 
 from __future__ import annotations
@@ -16,35 +18,93 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiokafka import ConsumerRecord
-
-from handlers.kafka_io import Progress, read_topic
+from handlers.audit_reader import starts
+from handlers.log_reader import Progress, Records, Share, key_shares, plan, read
 from handlers.systemone import SystemOneClient
 from projections.jev import JevError
 from projections.whatif import Question, TurnRecorder
+from projections.whatif_tally import Selection, TurnTally
+from schemas.config import RouterConfig
+from schemas.configs import ConfigBook
 from schemas.records import MARKER_KEY
 
 DEFAULT_CACHE_DIR = Path(".whatif-cache")
 DEFAULT_CONCURRENCY = 4
+MARKER = MARKER_KEY.encode()
+CLOCK_SKEW_MS = 10 * 60_000  # a record's Kafka timestamp may trail its event time (other hosts' clocks): margin
 
 
-async def record_turns(
-    bootstrap: str,
-    topic: str,
-    recorder: TurnRecorder,
-    *,
-    only_key: str | None = None,
-    progress: Progress | None = None,
-) -> TurnRecorder:
-    """Feed `topic` to `recorder` (only `only_key`'s records and the markers, when given)."""
-    wanted = {only_key.encode(), MARKER_KEY.encode()} if only_key is not None else None
+@dataclass(frozen=True)
+class WhatifJob:
+    """What every partition's what-if needs (picklable: it goes to the pool's processes)."""
 
-    def apply(record: ConsumerRecord[bytes, bytes]) -> None:
-        if wanted is None or record.key in wanted:
-            recorder.feed(record.value, record.offset, record.partition)
+    bootstrap: str
+    topic: str
+    book: ConfigBook
+    candidate: RouterConfig
+    selection: Selection
+    answers: dict[str, object] = field(default_factory=dict)
+    window: bool = False  # --since/--from: read only the window's conversations (see `whatif_partition`)
 
-    await read_topic(bootstrap, topic, apply, progress=progress)
-    return recorder
+
+async def whatif_partition(job: WhatifJob, partition: int, progress: Progress | None = None) -> TurnTally:
+    """Re-decide the selected turns of one partition as they end; the tally keeps the report's counts and rows.
+
+    A long partition is folded in several passes, each over a share of its keys (`log_reader.key_shares`), so
+    memory holds about the same number of states however long the history is. With a time window (`--since`,
+    `--from`) the partition is first read from the window's start (found by timestamp, `offsets_for_times`, less
+    `CLOCK_SKEW_MS`) for the keys it holds, records not decoded; then only those conversations are folded, since a
+    turn's replay needs its conversation's whole state before it (reply ledger, memos): from the earliest first
+    record among them when the live table records every one's (`ConversationState.first_offset`), else from the
+    partition's start. Other conversations' records are not folded; only their agents lists are read (the what-if
+    answers a candidate's agents list with the last one recorded for the account in the part of the partition
+    read).
+    """
+    tally = TurnTally(job.candidate, job.answers, job.selection)
+    keys: set[bytes] | None = None
+    if job.selection.key is not None:
+        keys = {job.selection.key.encode(), MARKER}
+    elif job.window and job.selection.from_ms is not None:
+        keys = await window_keys(job.bootstrap, job.topic, partition, job.selection.from_ms - CLOCK_SKEW_MS)
+        if keys == {MARKER}:
+            return tally
+    planned = await plan(job.bootstrap, job.topic, partitions=[partition])
+    version: str | None = None
+    if keys is not None:  # one conversation, or the window's: fold from their first record when recorded
+        wanted = [k.decode() for k in keys if k != MARKER]
+        known = await starts(job.bootstrap, job.topic.removesuffix(".conversations"), partition, wanted)
+        if known and len(known) == len(wanted):
+            first = min(known.values(), key=lambda s: s.offset)
+            if first.offset > planned.spans[0].start:
+                planned = planned.starting({partition: first.offset})
+                version = first.version
+    shares: list[Share | None] = [None] if keys is not None else key_shares(planned.records)
+    for share in shares:
+        recorder = TurnRecorder(job.book, on_turn=tally)
+        if version is not None:
+            recorder.scan.resume(partition, version)
+
+        def fold(p: int, records: Records, share: Share | None = share, recorder: TurnRecorder = recorder) -> None:
+            for record in records:
+                if (share is None or share(record.key)) and (keys is None or record.key in keys):
+                    recorder.feed(record.value, record.offset, p)
+                else:
+                    recorder.observe(record.value)
+
+        await read(job.bootstrap, planned.spans, fold, progress=progress)
+        tally.undecided += recorder.undecided
+    return tally
+
+
+async def window_keys(bootstrap: str, topic: str, partition: int, from_ms: int) -> set[bytes]:
+    """The keys of the records of `partition` from the first one stamped at or after `from_ms` (and the markers')."""
+    keys = {MARKER}
+
+    def keep(p: int, records: Records) -> None:
+        keys.update(r.key for r in records if r.key is not None)
+
+    await read(bootstrap, (await plan(bootstrap, topic, partitions=[partition], from_ms=from_ms)).spans, keep)
+    return keys
 
 
 class AnswerCache:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from projections.fold import DEFAULT_RETRY_BASE_MS, Event, SingleEvent, fold_parts
+from projections.log_scan import conversation_scan
 from projections.versions import PartitionVersions
-from schemas.codec import Undecodable, decode_conversation_event
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook
 from schemas.decision import Decision
@@ -153,22 +153,25 @@ class LogReplay:
         self.book = book if book is not None and len(book) else None
         if self.config is None and self.book is None:
             raise ValueError("a replay needs a configuration or the applied configuration versions")
-        self.versions = PartitionVersions(self.book or ConfigBook())
+        self.scan = conversation_scan(self.book or ConfigBook())
         self.trails: dict[str, ConversationTrail] = {}
-        self.undecodable = 0
+
+    @property
+    def versions(self) -> PartitionVersions:
+        return self.scan.versions
+
+    @property
+    def undecodable(self) -> int:
+        return self.scan.undecodable
 
     def feed(self, value: bytes | None, offset: int, partition: int = 0) -> None:
-        """Apply one record of `partition`; one that is not a conversation event is counted, as the worker
-        dead-letters it; a `ConfigApplied` marker switches the partition's configuration."""
-        if self.versions.switch(value, partition):
-            return
-        try:
-            event = decode_conversation_event(value)
-        except Undecodable:
-            self.undecodable += 1
+        """Apply one record of `partition` (`LogScan`: a marker switches the partition's configuration, a record
+        that is not a conversation event is counted, as the worker dead-letters it)."""
+        event = self.scan.event(value, partition)
+        if event is None:
             return
         trail = self.trails.setdefault(event.key, ConversationTrail(key=event.key))
-        document = self.versions.document(partition)
+        document = self.scan.document(partition)
         if document is None:
             assert self.config is not None
             trail.apply(event, offset, self.config, retry_base_ms=self.retry_base_ms)

@@ -17,20 +17,28 @@ text (DESIGN §4), and the model keeps no other customer text.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from projections.audit import describe_outcome
+from projections.console_overview import (
+    QUIET_RESULTS,
+    RECENT,
+    Ending,
+    Overview,
+    OverviewCounts,
+)
 from projections.fold import DEFAULT_RETRY_BASE_MS, Event, FoldResult, SingleEvent, fold_parts, wakeup_of
 from projections.inputs import build_input
+from projections.log_scan import conversation_scan
 from projections.versions import PartitionVersions
-from schemas.codec import Undecodable, decode_conversation_event
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.decision import Decision
 from schemas.keys import ConversationKey, parse_key, run_of_command
 from schemas.records import (
+    MARKER_KEY,
     Assign,
     CreateMessage,
     Decide,
@@ -50,10 +58,8 @@ from schemas.records import (
 )
 from schemas.state import ConversationState, Run
 
-HOUR_MS = 3_600_000
-STUCK_AFTER_FAILURES = 3  # as handlers.worker_metrics: three or more failed runs in a row
-# results that only confirm, postpone or retry a turn; the others end it
-QUIET_RESULTS = ("nothing", "deferred", "retry")
+MARKER = MARKER_KEY.encode()
+
 RESULTS = ("assigned", "ended", "handed_off", "waited", "dropped", "nothing", "deferred", "retry")
 
 Lane = Literal["webhooks", "router", "timers"]
@@ -382,38 +388,12 @@ def describe_decision_short(d: Decision) -> str:
     return ", ".join(parts)
 
 
-@dataclass(frozen=True)
-class HourBar:
-    """Turns that ended in one hour (UTC), by result."""
-
-    start_ms: int
-    counts: dict[str, int]
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-
-@dataclass(frozen=True)
-class Overview:
-    """What the console's front page shows, as of `now_ms` (given by the caller: the model reads no clock)."""
-
-    now_ms: int
-    conversations: int
-    records: int
-    undecodable: int
-    endings: dict[str, int]  # conversations by the result of their latest ending
-    results: dict[str, int]  # every turn outcome, by result
-    hours: list[HourBar]
-    handoff_reasons: list[tuple[str, int]]
-    replies_sent: int
-    replies_unconfirmed: int
-    recent: list[TurnOutcome]
-    stuck: dict[str, str]  # conversations whose runs keep failing, with the last failure's reason
-
-
 class ConsoleModel:
-    """Every conversation's timeline and the overview counts, fed incrementally from the raw log."""
+    """Every conversation's timeline and the overview counts, fed incrementally from the raw log.
+
+    It keeps every timeline in memory: `audit --html` and tests use it for one conversation or a small log; the
+    console process keeps the overview without timelines (`projections.console_overview.OverviewFold`) and builds
+    a conversation's timeline with this model when it is asked for (handlers/console/live.py)."""
 
     def __init__(
         self,
@@ -421,7 +401,7 @@ class ConsoleModel:
         *,
         retry_base_ms: int = DEFAULT_RETRY_BASE_MS,
         book: ConfigBook | None = None,
-        recent: int = 50,
+        recent: int = RECENT,
         only_key: str | None = None,
     ) -> None:
         self.config = config
@@ -430,19 +410,23 @@ class ConsoleModel:
         if config is None and not len(self.book):
             raise ValueError("the console needs a configuration or the applied configuration versions")
         self.only_key = only_key
-        self.versions = PartitionVersions(self.book)
+        self.scan = conversation_scan(self.book)
         self.timelines: dict[str, ConversationTimeline] = {}
-        self.records = 0
-        self.undecodable = 0
-        self.results: Counter[str] = Counter()
-        self.by_hour: dict[int, Counter[str]] = {}
-        self.handoff_reasons: Counter[str] = Counter()
-        self.recent: deque[TurnOutcome] = deque(maxlen=recent)
-        self.stuck: dict[str, str] = {}
-        self.endings: dict[str, str] = {}  # conversation -> the result of its ending
-        self.ending_counts: Counter[str] = Counter()
-        self.replies_sent = 0
+        self.counts = OverviewCounts(recent=deque(maxlen=recent))
+        self.endings: dict[str, Ending] = {}  # conversation -> its ending so far
         self.version = 0  # bumped on every record applied: lets pollers skip unchanged pages
+
+    @property
+    def versions(self) -> PartitionVersions:
+        return self.scan.versions
+
+    @property
+    def undecodable(self) -> int:
+        return self.scan.undecodable
+
+    @property
+    def records(self) -> int:
+        return self.counts.records
 
     def needs_version(self, value: bytes | None) -> str | None:
         """The version a `ConfigApplied` record names when the book lacks it (the caller reads the book first)."""
@@ -450,13 +434,11 @@ class ConsoleModel:
         return marker.version if marker is not None and marker.version not in self.book else None
 
     def add_documents(self, documents: list[ConfigDocument]) -> None:
-        for document in documents:
-            if document.version not in self.book:
-                self.book.add(document)
+        self.scan.add_documents(documents)
 
     def in_force(self, partition: int) -> ConfigDocument:
         """The document a partition's next record is folded under, as the worker does (DESIGN §8)."""
-        document = self.versions.document(partition)
+        document = self.scan.document(partition)
         if document is not None:
             return document
         assert self.config is not None
@@ -467,21 +449,23 @@ class ConsoleModel:
 
         A `ConfigApplied` marker switches its partition's configuration; a record that is not a conversation
         event is counted, as the worker dead-letters it."""
-        if self.versions.switch(value, partition):
-            self.version += 1
+        if self.only_key is not None and key is not None and key != self.only_key.encode() and key != MARKER:
             return None
-        if self.only_key is not None and key is not None and key != self.only_key.encode():
+        undecodable = self.scan.undecodable
+        event = self.scan.event(value, partition)
+        self.version += 1
+        if event is None:
+            if self.scan.undecodable > undecodable:
+                self.counts.records += 1
+                self.counts.undecodable += 1
             return None
-        self.records += 1
-        try:
-            event = decode_conversation_event(value)
-        except Undecodable:
-            self.undecodable += 1
-            self.version += 1
-            return None
+        self.counts.records += 1
         if self.only_key is not None and event.key != self.only_key:
             return None
-        timeline = self.timelines.setdefault(event.key, ConversationTimeline(key=event.key))
+        timeline = self.timelines.get(event.key)
+        if timeline is None:
+            timeline = self.timelines[event.key] = ConversationTimeline(key=event.key)
+            self.counts.conversations += 1
         document = self.in_force(partition)
         # a log from before configurations were events is folded as the worker did then: no version recorded
         version = document.version if len(self.book) else None
@@ -489,65 +473,22 @@ class ConsoleModel:
         outcomes = timeline.apply(
             event, offset, document.config, retry_base_ms=document.fold.retry_base_ms, config_version=version
         )
+        ending = self.endings.get(event.key, Ending())
         for outcome in outcomes:
-            self._count(outcome)
+            self.counts.count(outcome)
+            after = ending.after(outcome)
+            self.counts.ended(ending.result, after.result)
+            ending = after
         if outcomes:
-            self._ended(timeline)
-        self.replies_sent += timeline.replies_sent - replies
-        self.version += 1
+            self.endings[event.key] = ending
+        self.counts.replies_sent += timeline.replies_sent - replies
         return event.key
-
-    def _ended(self, timeline: ConversationTimeline) -> None:
-        """Keep the count of conversations by their ending current (the overview must not scan them all)."""
-        ending = timeline.ending
-        now = ending.result if ending is not None else None
-        before = self.endings.get(timeline.key)
-        if now == before:
-            return
-        if before is not None:
-            self.ending_counts[before] -= 1
-        if now is not None:
-            self.endings[timeline.key] = now
-            self.ending_counts[now] += 1
-
-    def _count(self, outcome: TurnOutcome) -> None:
-        self.results[outcome.result] += 1
-        hour = outcome.at_ms - outcome.at_ms % HOUR_MS
-        self.by_hour.setdefault(hour, Counter())[outcome.result] += 1
-        if outcome.result == "handed_off":
-            self.handoff_reasons[outcome.reason or "unspecified"] += 1
-        if outcome.result != "nothing":  # mostly the router's own status changes echoed back: counted, not listed
-            self.recent.append(outcome)
-        if outcome.result == "retry" and (outcome.failures or 0) >= STUCK_AFTER_FAILURES:
-            self.stuck[outcome.key] = outcome.reason or "unspecified"
-        elif outcome.result != "deferred":
-            self.stuck.pop(outcome.key, None)
 
     def timeline(self, key: str) -> ConversationTimeline | None:
         return self.timelines.get(key)
 
     def overview(self, now_ms: int, *, hours: int = 24, recent: int = 20) -> Overview:
-        current = now_ms - now_ms % HOUR_MS
-        bars = [
-            HourBar(start, dict(self.by_hour.get(start, Counter())))
-            for start in range(current - (hours - 1) * HOUR_MS, current + 1, HOUR_MS)
-        ]
-        endings = {result: n for result, n in self.ending_counts.items() if n > 0}
-        unconfirmed = self.handoff_reasons.get("reply_unconfirmed", 0)
-        return Overview(
-            now_ms=now_ms,
-            conversations=len(self.timelines),
-            records=self.records,
-            undecodable=self.undecodable,
-            endings=endings,
-            results=dict(self.results),
-            hours=bars,
-            handoff_reasons=self.handoff_reasons.most_common(),
-            replies_sent=self.replies_sent,
-            replies_unconfirmed=unconfirmed,
-            recent=sorted(self.recent, key=lambda t: t.at_ms, reverse=True)[:recent],
-            stuck=dict(self.stuck),
-        )
+        return self.counts.overview(now_ms, hours=hours, recent=recent)
 
 
 def parse_conversation_key(text: str) -> str | None:

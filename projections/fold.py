@@ -52,9 +52,12 @@ def fold(
     folder = Folder(state, config, parsed.account_id, parsed.conversation_id, event.at_ms, offset, retry_base_ms)
     _apply(folder, event)
     result = folder.finish()
-    if config_version is None or result.state.config_version == config_version:
-        return result
-    return result._replace(state=result.state.evolve(config_version=config_version))
+    update: dict[str, object] = {}
+    if state.first_offset < 0:  # the conversation's first record: where a reader of it alone starts
+        update.update(first_offset=offset, first_version=config_version)
+    if config_version is not None and result.state.config_version != config_version:
+        update["config_version"] = config_version
+    return result._replace(state=result.state.evolve(**update)) if update else result
 
 
 def parts_of(event: Event) -> tuple[SingleEvent, ...]:

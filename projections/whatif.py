@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from projections.fold import Event, SingleEvent, fold_under, parts_of
 from projections.jev import JevError, asked_options, build_request, encode_request, read_decision
-from projections.versions import PartitionVersions
+from projections.log_scan import conversation_scan
 from schemas.chatwoot import MessageType
 from schemas.codec import Undecodable, decode_conversation_event
 from schemas.config import RouterConfig
@@ -117,29 +117,45 @@ class TurnRecorder:
     """Folds the log like the worker (each partition under the version its last marker named) and keeps every
     decided run as a `RecordedTurn`; runs that ended before a decision are counted in `undecided`."""
 
-    def __init__(self, book: ConfigBook) -> None:
+    def __init__(self, book: ConfigBook, on_turn: Callable[[RecordedTurn], None] | None = None) -> None:
+        """`on_turn`, when given, gets each decided run as it ends instead of `turns` keeping it (a what-if of a
+        year of history compares each turn as it ends and keeps only the report's counts and rows)."""
         if not len(book):
             raise ValueError("a what-if needs the configuration versions that were in force")
+        self.on_turn = on_turn
         self.book = book
-        self.versions = PartitionVersions(book)
+        self.scan = conversation_scan(book)
         self.states: dict[str, ConversationState] = {}
         self.windows: dict[tuple[str, int], _Window] = {}
         self.agents: dict[int, tuple[int, ...]] = {}
         self.turns: list[RecordedTurn] = []
         self.undecided = 0
-        self.undecodable = 0
+
+    @property
+    def undecodable(self) -> int:
+        return self.scan.undecodable
 
     def feed(self, value: bytes | None, offset: int, partition: int = 0) -> None:
-        if self.versions.switch(value, partition):
+        event = self.scan.event(value, partition)
+        if event is None:
+            return
+        document = self.scan.document(partition)
+        assert document is not None
+        self.apply(event, offset, document)
+
+    def observe(self, value: bytes | None) -> None:
+        """A record of a conversation this recorder does not fold (another pass's share, or outside a window): only
+        an agents list is taken from it, since a candidate that lists agents where the live run did not is answered
+        with the last list recorded for the account."""
+        if value is None or b'"list_agents"' not in value:
             return
         try:
             event = decode_conversation_event(value)
         except Undecodable:
-            self.undecodable += 1
             return
-        document = self.versions.document(partition)
-        assert document is not None
-        self.apply(event, offset, document)
+        for part in parts_of(event):
+            if isinstance(part, EffectOutcome) and isinstance(part.result, AgentsResult):
+                self.agents[part.account_id] = part.result.agent_ids
 
     def apply(self, event: Event, offset: int, document: ConfigDocument) -> None:
         """Fold one record's event of `event.key` under `document` and update the run windows, each part of it
@@ -189,22 +205,24 @@ class TurnRecorder:
             self.undecided += 1
             return
         account = conversation_key_of(key).account_id
-        self.turns.append(
-            RecordedTurn(
-                key=key,
-                account_id=account,
-                run=outcome.run,
-                started_ms=window.started_ms,
-                live=window.decided_under or window.document,
-                start_state=window.start_state,
-                steps=window.steps,
-                decision=window.decision,
-                outcome=outcome,
-                labels=window.labels,
-                replied=window.replied,
-                agents=self.agents.get(account),
-            )
+        turn = RecordedTurn(
+            key=key,
+            account_id=account,
+            run=outcome.run,
+            started_ms=window.started_ms,
+            live=window.decided_under or window.document,
+            start_state=window.start_state,
+            steps=window.steps,
+            decision=window.decision,
+            outcome=outcome,
+            labels=window.labels,
+            replied=window.replied,
+            agents=self.agents.get(account),
         )
+        if self.on_turn is not None:
+            self.on_turn(turn)
+        else:
+            self.turns.append(turn)
 
 
 # --- one side of a comparison --------------------------------------------------------------------------
@@ -645,14 +663,25 @@ class Report:
     asked: int = 0
     cached: int = 0
     ask_failures: int = 0
+    # over every turn compared, when `turns` lists only some of them (projections/whatif_tally.py)
+    counts: dict[str, int] | None = None
+    cells: dict[tuple[str, str], int] | None = None
+    bank: dict[str, Question] | None = None
+    unlisted: int = 0
 
     def count(self, status: Status) -> int:
+        if self.counts is not None:
+            return self.counts.get(status, 0)
         return sum(1 for t in self.turns if t.status == status)
+
+    @property
+    def compared(self) -> int:
+        return sum(self.counts.values()) if self.counts is not None else len(self.turns)
 
     @property
     def totals(self) -> dict[str, int]:
         return {
-            "compared": len(self.turns),
+            "compared": self.compared,
             "unchanged": self.count("unchanged"),
             "changed": self.count("changed"),
             "needs_new_decision": self.count("needs_decision"),
@@ -661,6 +690,8 @@ class Report:
     @property
     def matrix(self) -> dict[tuple[str, str], int]:
         """(live outcome, candidate outcome) -> turns, in a stable order."""
+        if self.cells is not None:
+            return dict(sorted(self.cells.items()))
         cells: dict[tuple[str, str], int] = {}
         for t in self.turns:
             target = t.candidate.outcome if t.candidate is not None else "needs a new decision"
@@ -668,10 +699,17 @@ class Report:
         return dict(sorted(cells.items()))
 
     def changed(self) -> list[TurnComparison]:
+        """The changed turns listed (`changed_count` says how many there are)."""
         return [t for t in self.turns if t.status != "unchanged"]
+
+    @property
+    def changed_count(self) -> int:
+        return self.count("changed") + self.count("needs_decision")
 
     def questions(self) -> list[Question]:
         """The distinct new questions the candidate would put to System One."""
+        if self.bank is not None:
+            return list(self.bank.values())
         seen: dict[str, Question] = {}
         for t in self.turns:
             if t.status == "needs_decision" and t.question is not None:
@@ -686,6 +724,7 @@ class Report:
             "ask": {"asked": self.asked, "cached": self.cached, "failed": self.ask_failures},
             "matrix": [{"live": live, "candidate": cand, "turns": n} for (live, cand), n in self.matrix.items()],
             "turns": [t.as_json() for t in self.turns],
+            "turns_not_listed": self.unlisted,
             "config_diff": {
                 version: [{"path": c.path, "live": c.live, "candidate": c.candidate} for c in changes]
                 for version, changes in self.diffs.items()

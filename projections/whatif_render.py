@@ -64,7 +64,7 @@ def render_text(report: Report) -> str:
     if not matrix:
         lines.append("  (no decided turns)")
     changed = report.changed()
-    lines += ["", f"changed turns ({len(changed)})"]
+    lines += ["", f"changed turns ({report.changed_count})"]
     for t in changed:
         lines += [
             f"  {t.key} run {t.run} at {iso(t.at_ms)} (live version {t.live_version})",
@@ -75,6 +75,8 @@ def render_text(report: Report) -> str:
             lines.append(f"    assuming:  {'; '.join(t.candidate.assumptions)}")
     if not changed:
         lines.append("  (none)")
+    elif report.changed_count > len(changed):
+        lines.append(f"  … and {report.changed_count - len(changed)} more (not listed)")
     for version, changes in report.diffs.items():
         lines += ["", f"configuration changes (live version {version} → candidate {report.candidate_version})"]
         lines += [f"  {c.path}: {_value(c.live)} → {_value(c.candidate)}" for c in changes] or ["  (none)"]
@@ -152,11 +154,13 @@ def render_html(report: Report) -> str:
         '<div class="totals">' + _table(["", "turns"], total_rows) + "</div>",
         "<h2>Live → candidate</h2>",
         _table(["live \\ candidate", *targets], grid_rows, grid_classes) if lives else "<p>No decided turns.</p>",
-        f"<h2>Changed turns ({len(changed)})</h2>",
+        f"<h2>Changed turns ({report.changed_count})</h2>",
         _table(["conversation", "run", "at", "live version", "live", "candidate", "assuming"], changed_rows)
         if changed
         else "<p>None.</p>",
     ]
+    if report.changed_count > len(changed):
+        parts.append(f"<p>… and {report.changed_count - len(changed)} more (not listed).</p>")
     for version, changes in report.diffs.items():
         parts.append(f"<h2>Configuration changes: live <code>{escape(version)}</code> → candidate</h2>")
         rows = [[c.path, _value(c.live), _value(c.candidate)] for c in changes]

@@ -92,3 +92,34 @@ def partition_slot(topic: str, partition: int) -> str:
 def parse_partition_slot(slot: str) -> tuple[str, int]:
     topic, _, partition = slot.rpartition(":")
     return topic, int(partition)
+
+
+def _murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash (the Java client's `Utils.murmur2`), 32 bits unsigned."""
+    mask, m = 0xFFFFFFFF, 0x5BD1E995
+    h = (0x9747B28C ^ len(data)) & mask
+    whole = len(data) - len(data) % 4
+    for i in range(0, whole, 4):
+        k = int.from_bytes(data[i : i + 4], "little")
+        k = (k * m) & mask
+        k ^= k >> 24
+        k = (k * m) & mask
+        h = ((h * m) & mask) ^ k
+    tail = data[whole:]
+    if tail:
+        for index in range(len(tail) - 1, -1, -1):
+            h ^= tail[index] << (8 * index)
+        h = (h * m) & mask
+    h ^= h >> 13
+    h = (h * m) & mask
+    h ^= h >> 15
+    return h
+
+
+def partition_for(key: str, partitions: int) -> int:
+    """The partition Kafka's default partitioner gives `key` on a topic of `partitions` (every writer of the
+    router's topics uses it: the ingress, the workers, `config apply`), so a reader of one conversation reads only
+    that partition."""
+    if partitions < 1:
+        raise ValueError("a topic has at least one partition")
+    return (_murmur2(key.encode()) & 0x7FFFFFFF) % partitions

@@ -143,6 +143,14 @@ class ConversationState(_State):
     run: Run | None = None
     runs: int = Field(default=0, description="runs started so far; the run number in command ids")
     config_version: str | None = Field(default=None, description="the configuration version it was last folded under")
+    first_offset: int = Field(
+        default=-1,
+        description="offset of the conversation's first record in its partition (-1: not recorded): a reader of one "
+        "conversation starts there instead of at the log start (DESIGN §8, readers at scale)",
+    )
+    first_version: str | None = Field(
+        default=None, description="the configuration version in force at that first record (None: none applied)"
+    )
 
 
 class SweepJob(_State):

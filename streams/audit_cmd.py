@@ -1,35 +1,49 @@
 """`chatwoot-router audit`: a conversation's timeline, or a check of the live tables, from the event log.
 
     chatwoot-router audit --conversation 1:42 [--html FILE]
-    chatwoot-router audit --verify
+    chatwoot-router audit --verify [--conversation 1:42] [--jobs N]
 
 Both replay `<app>.conversations` with the same fold the worker runs, in memory, without executing effects.
-`--verify` rebuilds every conversation's state and compares it with the live table (its changelog topic);
-any difference is a bug and is reported by key.
+`--conversation` reads only that conversation's partition (handlers/audit_reader.py). `--verify` rebuilds every
+conversation's state and compares it with the live table (its changelog topic), partition by partition and
+`--jobs` partitions at a time; any difference is a bug and is reported by key. A log whose head was deleted is
+said to be partial, with how many records are gone and from when the history is kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
+import functools
 import sys
 from pathlib import Path
+from typing import Any
 
-from aiokafka import ConsumerRecord
-
+from handlers.audit_reader import (
+    Feed,
+    VerifyJob,
+    read_conversation,
+    table_key,
+    verify_partition,
+    verify_plan,
+)
 from handlers.config_store import read_book
 from handlers.console.render import render_conversation
-from handlers.kafka_io import read_topic
+from handlers.log_reader import key_shares
+from handlers.read_progress import ReadProgress
+from handlers.shards import ShardFailed, default_jobs, run_sharded
 from projections.audit import LogReplay, render_text
 from projections.console_model import ConsoleModel
-from schemas.config import ConfigError, load_config_file
-from schemas.records import MARKER_KEY
-from schemas.state import ConversationState
+from projections.log_scan import History, LogScan
+from projections.verify import Verified, diff_states
+from schemas.config import ConfigError, RouterConfig, load_config_file
+from schemas.configs import ConfigBook
 from streams.config_cmd import env_or_exit
 
-STATE_TABLE = "conversation_state"
+__all__ = ["_table_key", "diff_states", "run"]
+
+_table_key = table_key  # kept under its old name (tests import it from here)
+SMALL_READ = 20_000  # records: below this a pool of processes costs more than it saves
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +60,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--config",
         help="configuration file, only for a log without applied configuration versions (default $ROUTER_CONFIG)",
     )
+    parser.add_argument(
+        "--jobs",
+        type=_jobs,
+        metavar="N",
+        help="--verify of everything: partitions compared at a time, one process each (default: the machine's cores)",
+    )
+
+
+def _jobs(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError("a number of processes, 1 or more")
+    return int(text)
 
 
 def _settings() -> tuple[str, str, int]:
@@ -53,38 +79,23 @@ def _settings() -> tuple[str, str, int]:
     return env.bootstrap, env.app_id, env.retry_base_ms
 
 
-def _progress(count: int, rate: float) -> None:
-    print(f"  … {count} records replayed ({rate:,.0f}/s)", file=sys.stderr, flush=True)
-
-
-async def replay_all(
-    bootstrap: str, topic: str, replay: LogReplay, only_key: str | None = None, page: ConsoleModel | None = None
-) -> LogReplay:
-    """Every conversation's trail (or only `only_key`'s) rebuilt from the topic; markers always apply. `page`,
-    when given, is fed the same records (the console's read model, for --html)."""
-    wanted = {only_key.encode(), MARKER_KEY.encode()} if only_key is not None else None
-
-    def apply(record: ConsumerRecord[bytes, bytes]) -> None:
-        if wanted is None or record.key in wanted:
-            replay.feed(record.value, record.offset, record.partition)
-            if page is not None:
-                page.feed(record.value, record.offset, record.partition, record.key)
-
-    await read_topic(bootstrap, topic, apply, progress=_progress)
-    return replay
-
-
-def new_replay(args: argparse.Namespace, bootstrap: str, app_id: str, retry_base_ms: int) -> LogReplay | None:
-    """A replay under the applied configuration versions; the file and the environment only for an old log."""
+def configurations(
+    args: argparse.Namespace, bootstrap: str, app_id: str, retry_base_ms: int
+) -> tuple[ConfigBook, RouterConfig | None] | None:
+    """The applied configuration versions; the file and the environment only for a log without any."""
     book = asyncio.run(read_book(bootstrap, app_id))
     if len(book):
-        return LogReplay(book=book)
+        return book, None
     try:
         config = load_config_file(args.config or env_or_exit().config_path or "")
     except ConfigError as exc:
         print(f"no configuration version was ever applied on {app_id}.configs; {exc}", file=sys.stderr)
         return None
-    return LogReplay(config, retry_base_ms=retry_base_ms)
+    return book, config
+
+
+def new_replay(book: ConfigBook, config: RouterConfig | None, retry_base_ms: int) -> LogReplay:
+    return LogReplay(book=book) if len(book) else LogReplay(config, retry_base_ms=retry_base_ms)
 
 
 def render_html(key: str, page: ConsoleModel) -> str:
@@ -97,43 +108,60 @@ def page_model(replay: LogReplay, key: str) -> ConsoleModel:
     return ConsoleModel(replay.config, retry_base_ms=replay.retry_base_ms, book=replay.book, only_key=key)
 
 
-async def read_live_states(bootstrap: str, app_id: str) -> dict[str, ConversationState]:
-    """The live table, read back from its changelog topic (last value per key wins)."""
-    states: dict[str, ConversationState] = {}
-
-    def apply(record: ConsumerRecord[bytes, bytes]) -> None:
-        key = _table_key(record.key)
-        if record.value is None:
-            states.pop(key, None)
-        else:
-            states[key] = ConversationState.model_validate_json(record.value)
-
-    await read_topic(bootstrap, f"{app_id}-{STATE_TABLE}-changelog", apply)
-    return states
+def say_partial(history: History) -> None:
+    if history.is_partial:
+        print(f"audit: note: {history.describe()}", file=sys.stderr, flush=True)
 
 
-def _table_key(raw: bytes | None) -> str:
-    """Faust writes table keys to the changelog as JSON strings; accept raw keys too."""
-    text = (raw or b"").decode()
-    if text.startswith('"'):
-        with contextlib.suppress(ValueError):
-            decoded = json.loads(text)
-            if isinstance(decoded, str):
-                return decoded
-    return text
+def timeline(args: argparse.Namespace, bootstrap: str, app_id: str, replay: LogReplay) -> int:
+    key = args.conversation
+    page = page_model(replay, key) if args.html else None
+    feeds: list[Feed] = [lambda value, offset, partition, _key: replay.feed(value, offset, partition)]
+    scans: list[LogScan[Any]] = [replay.scan]
+    if page is not None:
+        feeds.append(page.feed)
+        scans.append(page.scan)
+    read = asyncio.run(read_conversation(bootstrap, app_id, key, feeds, scans))
+    if read.partial:
+        say_partial(read.history)
+    print(render_text(replay.trail(key)), end="")
+    if args.html and page is not None:
+        args.html.write_text(render_html(key, page), encoding="utf-8")
+    return 0
 
 
-def diff_states(replayed: dict[str, ConversationState], live: dict[str, ConversationState]) -> list[str]:
-    """Keys whose replayed and live states differ, each with a short description."""
-    problems = []
-    for key in sorted(set(replayed) | set(live)):
-        mine, theirs = replayed.get(key), live.get(key)
-        if mine is None or theirs is None:
-            problems.append(f"{key}: {'only in the live table' if mine is None else 'missing from the live table'}")
-        elif mine != theirs:
-            fields = [f for f in type(mine).model_fields if getattr(mine, f) != getattr(theirs, f)]
-            problems.append(f"{key}: differs in {', '.join(fields)}")
-    return problems
+def verify(
+    args: argparse.Namespace, bootstrap: str, app_id: str, book: ConfigBook, legacy: tuple[RouterConfig, int] | None
+) -> int:
+    job = VerifyJob(bootstrap, app_id, book, legacy, only_key=args.conversation)
+    if args.conversation:
+        from handlers.audit_reader import conversation_partition
+
+        topic = f"{app_id}.conversations"
+        partition = asyncio.run(conversation_partition(bootstrap, topic, args.conversation))
+        verified = asyncio.run(verify_partition(job, partition))
+        say_partial(asyncio.run(verify_plan(bootstrap, app_id)).history.only([partition]))
+    else:
+        planned = asyncio.run(verify_plan(bootstrap, app_id))
+        say_partial(planned.history)
+        sizes = {span.partition: span.size for span in planned.spans}
+        jobs = args.jobs or default_jobs()
+        if planned.records < SMALL_READ:
+            jobs = 1
+        progress = ReadProgress("audit --verify", {p: n * len(key_shares(n)) for p, n in sizes.items()})
+        try:
+            parts = run_sharded(functools.partial(verify_partition, job), sizes, jobs, progress)
+        except ShardFailed as exc:
+            print(f"audit --verify: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            progress.close()
+        verified = Verified()
+        for part in parts.values():
+            verified.merge(part)
+    for line in verified.lines():
+        print(line)
+    return 1 if verified.differences else 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,27 +169,11 @@ def run(args: argparse.Namespace) -> int:
         print("chatwoot-router audit: give --conversation ACCOUNT:CONVERSATION, --verify, or both", file=sys.stderr)
         return 2
     bootstrap, app_id, retry_base = _settings()
-    topic = f"{app_id}.conversations"
-    fresh = new_replay(args, bootstrap, app_id, retry_base)
-    if fresh is None:
+    found = configurations(args, bootstrap, app_id, retry_base)
+    if found is None:
         return 2
+    book, config = found
     if args.conversation and not args.verify:
-        page = page_model(fresh, args.conversation) if args.html else None
-        replay = asyncio.run(replay_all(bootstrap, topic, fresh, only_key=args.conversation, page=page))
-        trail = replay.trail(args.conversation)
-        print(render_text(trail), end="")
-        if args.html and page is not None:
-            args.html.write_text(render_html(args.conversation, page), encoding="utf-8")
-        return 0
-    replay = asyncio.run(replay_all(bootstrap, topic, fresh, only_key=args.conversation))
-    live = asyncio.run(read_live_states(bootstrap, app_id))
-    if args.conversation:
-        live = {k: v for k, v in live.items() if k == args.conversation}
-    problems = diff_states({k: t.state for k, t in replay.trails.items()}, live)
-    for line in problems:
-        print(line)
-    print(
-        f"{len(replay.trails)} conversations replayed, {replay.undecodable} undecodable records, "
-        f"{len(problems)} differences"
-    )
-    return 1 if problems else 0
+        return timeline(args, bootstrap, app_id, new_replay(book, config, retry_base))
+    legacy = (config, retry_base) if config is not None else None
+    return verify(args, bootstrap, app_id, book, legacy)

@@ -18,7 +18,7 @@ EXIT_INVALID_CONFIG = 2
 # name -> (module that defines `add_arguments(parser)` and `run(args) -> int`, one-line help)
 # Only commands that exist are listed here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "kafka": ("streams.kafka_local", "run a local single-node Apache Kafka (KRaft) for development and tests"),
+    "kafka": ("streams.kafka_local", "run a local Apache Kafka (KRaft), one node or three, for development and tests"),
     "config": ("streams.config_cmd", "validate configuration and secrets (`config check`)"),
     "sandbox": ("streams.sandbox_cmd", "serve a simulated Chatwoot and System One (with fault injection)"),
     "demo": ("streams.demo_cmd", "run the whole router on this machine with sample conversations, then report"),
@@ -29,10 +29,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("streams.sweep_cmd", "request a sweep pass now (durable in Kafka before exit 0)"),
     "console": ("streams.console_cmd", "serve the read-only operator console (overview, conversation timelines)"),
     "whatif": ("streams.whatif_cmd", "re-decide recorded turns under a candidate configuration (no side effects)"),
+    "topics": ("streams.topics_cmd", "list the app's topics with their settings and what is wrong (`--fix` corrects)"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with `only`, the arguments of that subcommand alone are loaded (a command's start
+    does not pay for importing every other one: `audit --conversation` answers in about a second)."""
     parser = argparse.ArgumentParser(
         prog="chatwoot-router",
         description="Routing brain for a Chatwoot help desk, on Apache Kafka.",
@@ -41,12 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
         command.set_defaults(_module=module_name)
-        importlib.import_module(module_name).add_arguments(command)
+        if only is None or name == only:
+            importlib.import_module(module_name).add_arguments(command)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in given if not a.startswith("-")), None)
+    args = build_parser(chosen if chosen in SUBCOMMANDS else None).parse_args(given)
     module = importlib.import_module(args._module)
     try:
         code: int = module.run(args)

@@ -1,13 +1,18 @@
 """`chatwoot-router console`: the read-only operator console (DESIGN §11), served until SIGINT/SIGTERM.
 
     chatwoot-router console [--host 127.0.0.1] [--port 8090] [--token-env NAME] [--worker-url URL ...]
+                            [--snapshot-dir DIR]
 
-It replays `<app>.conversations` (KAFKA_BOOTSTRAP_SERVERS, ROUTER_APP_ID) from the start with the worker's
-fold, under the configuration versions applied on `<app>.configs` (a configuration file only for a log without
-any), and keeps tailing it, so its pages follow the router live. It binds 127.0.0.1 by default; bound to any
-other address it requires a bearer token, read from the environment variable `--token-env` names, and refuses
-to start (exit 2, one line) without one. It never loads the router's secrets, and shows customer text only as
-the router redacted it.
+It replays `<app>.conversations` (KAFKA_BOOTSTRAP_SERVERS, ROUTER_APP_ID) with the worker's fold, under the
+configuration versions applied on `<app>.configs` (a configuration file only for a log without any), and keeps
+tailing it, so its pages follow the router live. What it folded is kept in a snapshot on local disk
+(`--snapshot-dir`, default `$ROUTER_DATA_DIR/console`): a restart shows the overview at once and reads only what
+was written since; without a snapshot it folds the log from the start (and says how far it is). A conversation's
+page is read from the log when it is asked for, from the conversation's first record in its own partition.
+
+It binds 127.0.0.1 by default; bound to any other address it requires a bearer token, read from the environment
+variable `--token-env` names, and refuses to start (exit 2, one line) without one. It never loads the router's
+secrets, and shows customer text only as the router redacted it.
 """
 
 from __future__ import annotations
@@ -20,14 +25,16 @@ import os
 import signal
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 from aiohttp import web
 
 from handlers.config_store import read_book
+from handlers.console.live import LiveConsole
 from handlers.console.server import create_app
+from handlers.console.snapshot import Snapshot, snapshot_path
 from handlers.console.sources import LogTail, Sources
 from handlers.logging_setup import configure_logging
-from projections.console_model import ConsoleModel
 from schemas.config import RouterConfig, load_config_file
 from schemas.configs import ConfigBook
 from streams.config_cmd import env_or_exit
@@ -59,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
         help="configuration file, only for a log without applied configuration versions (default $ROUTER_CONFIG)",
+    )
+    parser.add_argument(
+        "--snapshot-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the console keeps what it folded of the log (default $ROUTER_DATA_DIR/console)",
     )
 
 
@@ -116,7 +129,9 @@ async def first_book(bootstrap: str, app_id: str, config: RouterConfig | None) -
 async def serve(args: argparse.Namespace, config: RouterConfig | None, token: str | None) -> None:
     env = env_or_exit()
     book = await first_book(env.bootstrap, env.app_id, config)
-    model = ConsoleModel(config, retry_base_ms=env.retry_base_ms, book=book)
+    directory = args.snapshot_dir or env.data_dir / "console"
+    snapshot = Snapshot(snapshot_path(directory, env.app_id), f"{env.app_id}.conversations")
+    model = LiveConsole(env.bootstrap, env.app_id, book, snapshot, config=config, retry_base_ms=env.retry_base_ms)
     tail = LogTail(env.bootstrap, env.app_id, model)
     sources = Sources(tail, env.bootstrap, env.app_id, args.worker_url)
     app = create_app(model, sources, token=token)
@@ -143,6 +158,7 @@ async def serve(args: argparse.Namespace, config: RouterConfig | None, token: st
         await tail.stop()
         await runner.cleanup()
         await sources.close()
+        snapshot.close()
 
 
 def run(args: argparse.Namespace) -> int:

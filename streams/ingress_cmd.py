@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 
 from handlers.ingress import IngressMetrics, KafkaWebhookWriter, SettingsFile, create_app, serve
 from handlers.ingress_conn import ConnectionGuard, ConnectionLimits
+from handlers.kafka_topics import ensure_topics, log_topic_findings
 from handlers.logging_setup import configure_logging
 from schemas.config import RouterEnv, read_env
 from streams.config_cmd import env_or_exit, load_or_exit
@@ -82,9 +84,17 @@ async def serve_until_stopped(args: argparse.Namespace, env: RouterEnv) -> int:
         loop.add_signal_handler(signum, stop.set)
     try:
         async with asyncio.timeout(produce_timeout_s + 5):
+            # the door may be the first to run: its topic gets ROUTER_LOG_RETENTION_MS (the writer's own
+            # creation, on a later reconnect, gives it the default settings of projections/topic_settings.py)
+            with contextlib.suppress(Exception):  # an unreachable broker is the writer's to report, just below
+                await ensure_topics(
+                    env.bootstrap, {writer.topic: env.partitions}, log_retention_ms=env.log_retention_ms
+                )
             await writer.connect()
     except Exception as exc:  # not fatal: requests retry the connection
         log.warning("kafka not reachable at start", extra={"error_type": type(exc).__name__})
+    # one log line per finding, in the background so the door's readiness never waits for it (never raises)
+    check = asyncio.create_task(log_topic_findings(env.bootstrap, env.app_id, env.log_retention_ms))
     port = runner.addresses[0][1] if runner.addresses else args.port
     print(f"ready url=http://{args.host}:{port}", flush=True)
     log.info(
@@ -100,6 +110,7 @@ async def serve_until_stopped(args: argparse.Namespace, env: RouterEnv) -> int:
         },
     )
     await stop.wait()
+    check.cancel()
     log.info("ingress stopping")
     await runner.cleanup()  # stops the listener, waits for handlers, then closes (flushes) the writer
     log.info("ingress stopped")

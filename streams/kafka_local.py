@@ -4,7 +4,8 @@ The broker runs from the official jars, resolved from Maven Central with Maven i
 use; later starts reuse the cache and need no network. Settings suit one node: replication factor 1 for the
 internal topics, no initial rebalance delay. The command prints exactly one line
 `ready bootstrap=127.0.0.1:<port>` once a client can fetch metadata, then stays in the foreground until
-SIGINT/SIGTERM, when it stops the broker cleanly.
+SIGINT/SIGTERM, when it stops the broker cleanly. `--brokers 3` runs a three-node cluster instead
+(`streams.kafka_cluster`).
 """
 
 from __future__ import annotations
@@ -346,12 +347,26 @@ def running_broker(port: int | None = None, data_dir: Path | None = None) -> Ite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"client port (default {DEFAULT_PORT})")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"client port (default {DEFAULT_PORT}); with --brokers 3 the first of three consecutive ports",
+    )
     parser.add_argument(
         "--data-dir",
         type=Path,
         default=None,
-        help="where the broker keeps its data (default: a new temporary directory)",
+        help="where the broker keeps its data (default: a new temporary directory); with --brokers 3 each node "
+        "has its own node-N directory under it",
+    )
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        help="1 (default): one node; 3: three KRaft nodes, each a broker and a controller in one controller "
+        "quorum of three, with replication 3 and min.insync.replicas 2 (tests of failover and rolling restarts)",
     )
     parser.add_argument(
         "--fetch-only",
@@ -374,6 +389,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"chatwoot-router kafka: {exc}", file=sys.stderr)
             return 1
         return 0
+    if args.brokers > 1:
+        from streams.kafka_cluster import run_cluster
+
+        return run_cluster(args.port, args.data_dir)
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     try:

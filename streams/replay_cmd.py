@@ -1,7 +1,9 @@
 """`chatwoot-router replay dlq|state`: re-publish dead-lettered records, or rebuild the tables from the log.
 
-`replay state [--to-app NEW]` rebuilds the router's tables from the event log with the current fold, without
-executing any effect (handlers/state_rebuild.py; the cut-over procedure is in README).
+`replay state [--to-app NEW] [--accept-partial-history] [--jobs N]` rebuilds the router's tables from the event
+log with the current fold, without executing any effect (handlers/state_rebuild.py; the cut-over procedure is in
+README), one partition per process, `--jobs` at a time. A log that lost records from its head is refused (exit 2,
+naming the partitions and how many records are gone) unless `--accept-partial-history`.
 
 `replay dlq` re-publishes dead-lettered records to their source topic once their cause is fixed.
 
@@ -31,6 +33,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--to-app", metavar="NEW_APP_ID", help="state: rebuild into this new app id (blue/green) instead of in place"
     )
+    parser.add_argument(
+        "--accept-partial-history",
+        action="store_true",
+        help="state: rebuild even though records were deleted from the head of the event log (refused otherwise)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=_jobs,
+        metavar="N",
+        help="state: partitions folded at a time, one process each (default: the machine's cores)",
+    )
+
+
+def _jobs(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError("a number of processes, 1 or more")
+    return int(text)
 
 
 def _header(headers: tuple[tuple[str, bytes], ...] | list[tuple[str, bytes]], name: str) -> str | None:
@@ -78,35 +97,61 @@ async def replay_dlq(bootstrap: str, app_id: str, *, dry_run: bool) -> tuple[int
     return published, skipped
 
 
-def replay_state(bootstrap: str, app_id: str, to_app: str | None) -> int:
-    from tqdm import tqdm
+def replay_state(
+    bootstrap: str,
+    app_id: str,
+    to_app: str | None,
+    log_retention_ms: int | None = None,
+    *,
+    accept_partial_history: bool = False,
+    jobs: int | None = None,
+) -> int:
+    import logging
 
-    from handlers.state_rebuild import RebuildRefused, rebuild
+    from aiokafka.errors import KafkaError
 
-    bars: dict[str, tqdm] = {}
+    from handlers.kafka_retry import KafkaUnusable, print_waiting, retrying
+    from handlers.kafka_topics import log_topic_findings
+    from handlers.logging_setup import configure_logging
+    from handlers.shards import ShardFailed
+    from handlers.state_rebuild import PartialHistoryRefused, RebuildRefused, Summary, rebuild
 
-    def progress(what: str, count: int) -> None:
-        bar = bars.get(what)
-        if bar is None:
-            bar = bars[what] = tqdm(desc=f"records {what}", unit=" rec", file=sys.stderr, mininterval=0.5)
-        bar.update(count - bar.n)
+    async def checked_rebuild() -> Summary:
+        await log_topic_findings(bootstrap, app_id, log_retention_ms)  # one warning per finding; goes on anyway
+        return await retrying(  # transient broker states are waited out; a rebuild resumes where it stopped
+            lambda: rebuild(
+                bootstrap,
+                app_id,
+                to_app=to_app,
+                log_retention_ms=log_retention_ms,
+                accept_partial_history=accept_partial_history,
+                jobs=jobs,
+            ),
+            bootstrap=bootstrap,
+            on_wait=print_waiting("replay state", bootstrap),
+        )
 
+    handler = configure_logging(logging.WARNING)  # the topic check's findings, as JSON lines on stderr
     try:
-        summary = asyncio.run(rebuild(bootstrap, app_id, to_app=to_app, progress=progress))
-    except RebuildRefused as exc:
+        summary = asyncio.run(checked_rebuild())
+    except PartialHistoryRefused as exc:
+        print(f"chatwoot-router replay state: refused: {exc}", file=sys.stderr)
+        return 2
+    except (RebuildRefused, LookupError, KafkaUnusable, ShardFailed) as exc:
         print(f"chatwoot-router replay state: {exc}", file=sys.stderr)
         return 1
-    except LookupError as exc:
-        print(f"chatwoot-router replay state: {exc}", file=sys.stderr)
+    except (KafkaError, OSError) as exc:
+        print(f"chatwoot-router replay state: kafka at {bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:
-        for bar in bars.values():
-            bar.close()
+        handler.close()
+    if summary.history is not None and summary.history.is_partial:
+        print(f"chatwoot-router replay state: rebuilt from a partial history: {summary.history.describe()}")
     where = f"into {to_app}" if to_app else "in place"
     print(
         f"rebuilt {app_id} {where}: {summary.copied} records copied, {summary.records} records folded, "
         f"{summary.conversations} conversations, {summary.runs_in_flight} runs in flight, "
-        f"{summary.undecodable} undecodable, {summary.seconds:.1f} s"
+        f"{summary.undecodable} undecodable, {summary.seconds:.1f} s ({summary.jobs} job(s))"
     )
     return 0
 
@@ -118,7 +163,14 @@ def run(args: argparse.Namespace) -> int:
         if args.to_app is not None and (args.to_app == app_id or not APP_ID.fullmatch(args.to_app)):
             print(f"chatwoot-router replay state: --to-app: must be a new app id ({APP_ID.pattern})", file=sys.stderr)
             return 2
-        return replay_state(bootstrap, app_id, args.to_app)
+        return replay_state(
+            bootstrap,
+            app_id,
+            args.to_app,
+            env.log_retention_ms,
+            accept_partial_history=args.accept_partial_history,
+            jobs=args.jobs,
+        )
     try:
         published, skipped = asyncio.run(replay_dlq(bootstrap, app_id, dry_run=args.dry_run))
     except LookupError as exc:

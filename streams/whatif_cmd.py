@@ -14,27 +14,35 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import re
 import sys
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from aiokafka.errors import KafkaError
 
 from handlers.config_store import read_book
+from handlers.log_reader import Plan, key_shares, plan
+from handlers.read_progress import ReadProgress
+from handlers.shards import ShardFailed, default_jobs, run_sharded
 from handlers.systemone import SystemOneClient
-from handlers.whatif import DEFAULT_CACHE_DIR, DEFAULT_CONCURRENCY, AnswerCache, ask, record_turns
-from projections.whatif import Report, TurnRecorder, build_report, select
+from handlers.whatif import DEFAULT_CACHE_DIR, DEFAULT_CONCURRENCY, AnswerCache, WhatifJob, ask, whatif_partition
+from projections.whatif import Report
 from projections.whatif_render import render_html, render_text
+from projections.whatif_tally import Selection, TurnTally
 from schemas.config import ConfigError, RouterConfig, load_config_file
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
+from schemas.keys import partition_for
 from streams.config_cmd import EXIT_INVALID_CONFIG, env_or_exit, fail
 
 _DURATION = re.compile(r"([0-9]{1,9})([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 _CONVERSATION = re.compile(r"[1-9][0-9]{0,15}:[1-9][0-9]{0,15}")
+SMALL_READ = 20_000  # records: below this a pool of processes costs more than it saves
 
 
 def duration_s(text: str) -> int:
@@ -82,10 +90,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--html", type=Path, metavar="FILE", help="also write the report as a standalone page")
+    parser.add_argument(
+        "--jobs",
+        type=_jobs,
+        metavar="N",
+        help="partitions replayed at a time, one process each (default: the machine's cores)",
+    )
 
 
-def _progress(count: int, rate: float) -> None:
-    print(f"  … {count} records replayed ({rate:,.0f}/s)", file=sys.stderr, flush=True)
+def _jobs(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError("a number of processes, 1 or more")
+    return int(text)
 
 
 def _live_book(book: ConfigBook, retry_base_ms: int, config_path: str | None) -> ConfigBook:
@@ -107,6 +123,23 @@ async def _ask(
     return asked.answers, asked.asked, asked.cached, len(asked.failed)
 
 
+def replay(job: WhatifJob, planned: Plan, jobs: int | None) -> TurnTally:
+    """Every planned partition's tally, `jobs` partitions at a time, merged in partition order."""
+    sizes = {span.partition: span.size for span in planned.spans}
+    processes = jobs or default_jobs()
+    if planned.records < SMALL_READ or job.selection.key is not None:
+        processes = 1
+    progress = ReadProgress("whatif", {p: n * len(key_shares(n)) for p, n in sizes.items()})
+    try:
+        parts = run_sharded(functools.partial(whatif_partition, job), sizes, processes, progress)
+    finally:
+        progress.close()
+    tally = TurnTally(job.candidate, job.answers, job.selection)
+    for partition in sorted(parts):
+        tally.merge(parts[partition])
+    return tally
+
+
 def run(args: argparse.Namespace) -> int:
     env = env_or_exit()
     try:
@@ -126,27 +159,33 @@ def run(args: argparse.Namespace) -> int:
     except (LookupError, KafkaError, OSError) as exc:
         print(f"whatif: kafka at {env.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    recorder = TurnRecorder(live)
-    try:
-        asyncio.run(
-            record_turns(
-                env.bootstrap, env.topic("conversations"), recorder, only_key=args.conversation, progress=_progress
-            )
-        )
-    except (LookupError, KafkaError, OSError) as exc:
-        print(f"whatif: kafka at {env.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
     from_ms = args.from_ms
     if args.since is not None:
         from_ms = time.time_ns() // 1_000_000 - args.since * 1000
-    turns = select(recorder.turns, from_ms=from_ms, account_id=args.account, key=args.conversation)
-    report = build_report(turns, candidate, version, undecided=recorder.undecided)
+    selection = Selection(from_ms=from_ms, account_id=args.account, key=args.conversation)
+    job = WhatifJob(env.bootstrap, env.topic("conversations"), live, candidate, selection, window=from_ms is not None)
+    try:
+        planned = asyncio.run(plan(env.bootstrap, job.topic))
+        if planned.history.is_partial:
+            print(f"whatif: note: {planned.history.describe()}", file=sys.stderr, flush=True)
+        if args.conversation:
+            partition = partition_for(args.conversation, len(planned.spans))
+            planned = planned.only([partition])
+        tally = replay(job, planned, args.jobs)
+    except (LookupError, KafkaError, OSError, ShardFailed) as exc:
+        print(f"whatif: kafka at {env.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    report = tally.report(version)
     if args.ask and report.questions():
         assert api_key is not None
         answers, asked, cached, failed = asyncio.run(
             _ask(report, candidate, api_key, AnswerCache(args.cache), args.concurrency)
         )
-        report = build_report(turns, candidate, version, answers=answers, undecided=recorder.undecided)
+        try:  # again with System One's answers (the first pass kept only the questions, never the turns)
+            report = replay(replace(job, answers=answers), planned, args.jobs).report(version)
+        except (LookupError, KafkaError, OSError, ShardFailed) as exc:
+            print(f"whatif: kafka at {env.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
         report.asked, report.cached, report.ask_failures = asked, cached, failed
     print(render_text(report), end="")
     if args.json:

@@ -1,8 +1,9 @@
 """`chatwoot-router worker [--web-port P] [--web-host H] [--config FILE]`: run the Faust worker (DESIGN §3).
 
 Refuses to start on an invalid configuration or environment (exit 2, the key path on stderr). Creates the
-topics if they are missing, then runs until SIGINT/SIGTERM, when Faust stops the agents, flushes the
-producer and commits offsets.
+topics if they are missing (waiting for the broker as long as it takes, one log line per attempt), then runs
+until SIGINT/SIGTERM, when Faust stops the agents, flushes the producer and commits offsets. Losing the broker
+at any moment is never a reason to exit.
 """
 
 from __future__ import annotations
@@ -10,15 +11,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
-import time
+import threading
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 
 from handlers.config_store import apply as apply_config
 from handlers.config_store import ensure_configs_topic, read_book
-from handlers.kafka_topics import TABLES, changelog_topic, ensure_topics
+from handlers.kafka_topics import ensure_app_topics, log_topic_findings
+from handlers.logging_setup import configure_logging
 from schemas.config import ConfigError, Settings
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from streams.config_cmd import EXIT_INVALID_CONFIG, load_or_exit
@@ -26,8 +29,7 @@ from streams.worker import WorkerEnv, build_worker, read_worker_env
 
 log = logging.getLogger("chatwoot_router.worker")
 
-EXIT_KAFKA_UNAVAILABLE = 1
-BROKER_WAIT_S = 60.0  # how long a starting worker waits for an unreachable broker before it gives up
+BROKER_RETRY_S = 0.5  # between attempts while a starting worker waits for the broker (no cap on the wait)
 DEFAULT_WEB_PORT = 6066
 DEFAULT_WEB_HOST = "127.0.0.1"
 TOPICS = ("conversations", "effects", "sweeps", "dlq")
@@ -71,13 +73,10 @@ def logging_config(level: str) -> dict[str, Any]:
 async def prepare_topics(env: WorkerEnv) -> int:
     """Create the four topics and the tables' changelogs if missing; returns the replication factor for Faust.
 
-    The changelogs are created here, before Faust starts, because Faust's own creation can lose a race with its
-    first assignment ("Ignoring missing topic"), after which every write to that table fails (PartitionsMismatch).
+    The changelogs are created here, before Faust starts (`ensure_app_topics` says why), each topic with the
+    settings of DESIGN §4 (projections/topic_settings.py).
     """
-    await ensure_topics(env.bootstrap, {env.topic(name): env.partitions for name in TOPICS})
-    changelogs = {changelog_topic(env.app_id, table): env.partitions for table in TABLES}
-    compacted = {"cleanup.policy": "compact"}
-    await ensure_topics(env.bootstrap, changelogs, configs={name: compacted for name in changelogs})
+    await ensure_app_topics(env.bootstrap, env.app_id, env.partitions, log_retention_ms=env.log_retention_ms)
     admin = AIOKafkaAdminClient(bootstrap_servers=env.bootstrap)
     try:
         await admin.start()
@@ -100,25 +99,55 @@ async def prepare_configuration(settings: Settings, env: WorkerEnv) -> ConfigBoo
     return book
 
 
+def wait_for_kafka(settings: Settings, env: WorkerEnv) -> tuple[int, ConfigBook] | None:
+    """Prepare the topics and the configuration, waiting for the broker as long as it takes.
+
+    A broker that is restarting, not up yet or away for a while is no reason to exit (an orchestrator would
+    only restart the worker into the same wait): each failed attempt is one log line, the next comes
+    BROKER_RETRY_S later, so the worker starts soon after the broker is back. Returns the
+    replication factor and the configuration book, or None when SIGINT/SIGTERM arrives while it waits.
+    """
+    stop = threading.Event()
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum in previous:
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        attempt = 0
+        while not stop.is_set():
+            attempt += 1
+            try:
+                replication = asyncio.run(prepare_topics(env))
+                book = asyncio.run(prepare_configuration(settings, env))
+            except Exception as exc:
+                log.warning(
+                    "waiting for kafka",
+                    extra={
+                        "bootstrap": env.bootstrap,
+                        "attempt": attempt,
+                        "error_type": type(exc).__name__,
+                        "error": str(exc)[:200],
+                    },
+                )
+                stop.wait(BROKER_RETRY_S)  # the interval between attempts; a stop signal ends it at once
+                continue
+            return None if stop.is_set() else (replication, book)
+        return None
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def run(args: argparse.Namespace) -> int:
     import faust
 
     settings = load_or_exit(args.config)
     env = env_or_exit()
-    deadline = time.monotonic() + BROKER_WAIT_S
-    delay = 0.5
-    while True:  # a broker restarting (or not up yet) is waited for; one that stays away exits non-zero
-        try:
-            replication = asyncio.run(prepare_topics(env))
-            book = asyncio.run(prepare_configuration(settings, env))
-            break
-        except Exception as exc:
-            if time.monotonic() + delay > deadline:
-                print(f"kafka not usable at {env.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
-                return EXIT_KAFKA_UNAVAILABLE
-            print(f"waiting for kafka at {env.bootstrap}: {type(exc).__name__}", file=sys.stderr, flush=True)
-            time.sleep(delay)  # backoff between connection attempts, bounded by BROKER_WAIT_S
-            delay = min(delay * 2, 5.0)
+    configure_logging(args.log_level.upper())  # JSON lines before Faust takes over logging (the topic check's)
+    prepared = wait_for_kafka(settings, env)
+    if prepared is None:
+        return 0  # stopped while waiting for the broker
+    replication, book = prepared
+    asyncio.run(log_topic_findings(env.bootstrap, env.app_id, env.log_retention_ms))  # one line per finding
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     worker_app = build_worker(

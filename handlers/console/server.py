@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -21,6 +22,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from handlers.console.live import LiveConsole
 from handlers.console.render import (
     conversation_fragments,
     overview_fragments,
@@ -30,14 +32,15 @@ from handlers.console.render import (
     render_overview,
 )
 from handlers.console.status import ConsoleStatus
-from projections.console_model import ConsoleModel, Overview, parse_conversation_key
+from projections.console_model import ConsoleModel, ConversationTimeline, Overview, parse_conversation_key
 
 SESSION_COOKIE = "console_session"
 CSP = (
     "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; img-src 'self' data:; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
-MODEL: web.AppKey[ConsoleModel] = web.AppKey("model", ConsoleModel)
+ReadModel = ConsoleModel | LiveConsole
+MODEL: web.AppKey[ReadModel] = web.AppKey("model", object)  # type: ignore[arg-type]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -57,7 +60,7 @@ def session_value(token: str) -> str:
 
 
 def create_app(
-    model: ConsoleModel,
+    model: ReadModel,
     sources: StatusSource,
     *,
     token: str | None = None,
@@ -101,7 +104,7 @@ def create_app(
         if key is None:
             return page(render_message("Not a conversation", "Give account:conversation, e.g. 1:42."), 400)
         status = await sources.refresh()
-        timeline = model.timeline(key)
+        timeline = await _timeline(model, key)
         html = render_conversation(key, timeline, status=status)
         return page(html, 200 if timeline is not None else 404)
 
@@ -110,7 +113,7 @@ def create_app(
         if key is None:
             return web.json_response({"error": "not a conversation key"}, status=400)
         status = await sources.refresh()
-        timeline = model.timeline(key)
+        timeline = await _timeline(model, key)
         return web.json_response(
             {
                 "version": [timeline.events if timeline else 0, status.tail.records, _status_stamp(status)],
@@ -150,6 +153,12 @@ def create_app(
         app.router.add_get("/login", login_form)
         app.router.add_post("/login", login)
     return app
+
+
+async def _timeline(model: ReadModel, key: str) -> ConversationTimeline | None:
+    """The model's timeline of `key`: at hand (`ConsoleModel`) or read from the log first (`LiveConsole`)."""
+    found = model.timeline(key)
+    return await found if inspect.isawaitable(found) else found
 
 
 def overview_data(o: Overview, lag: dict[str, int] | None) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """The console's I/O: it tails the event log into the read model and asks Kafka and the workers for the rest.
 
-- `LogTail` keeps one consumer on every partition of `<app>.conversations`, from the beginning, never joining a
-  group or committing (it must not disturb the workers), and feeds each record to the `ConsoleModel` in offset
-  order. Before a `ConfigApplied` marker whose version the model does not know, it reads `<app>.configs` again.
-  It waits for the topic when it does not exist yet and reconnects from where it was after an error.
+- `LogTail` keeps one consumer on every partition of `<app>.conversations`, from where the console's snapshot
+  ends (`LiveConsole`) or from the beginning, never joining a group or committing (it must not disturb the
+  workers), and feeds each record to the read model in offset order, committing the snapshot as it goes. Before a
+  `ConfigApplied` marker whose version the model does not know, it reads `<app>.configs` again. It waits for the
+  topic when it does not exist yet, reconnects from where it was after an error, and says when the log lost
+  records from its head (the history is partial).
 - `Sources.refresh` measures the workers' consumer-group lag (end offsets minus committed offsets) and reads each
   worker's `GET /stuck`, at most every `ttl_s` however many browsers poll.
 """
@@ -21,9 +23,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from handlers.config_store import read_book
+from handlers.console.build import SMALL_READ
+from handlers.console.live import LiveConsole
 from handlers.console.status import ConsoleStatus, TailStatus, WorkerStuck
-from handlers.kafka_io import topic_partitions
+from handlers.log_reader import FETCH_BYTES, plan
 from projections.console_model import ConsoleModel
+from projections.log_scan import iso
 
 log = logging.getLogger("chatwoot_router.console")
 
@@ -32,16 +37,18 @@ END_OFFSETS_EVERY_S = 1.0
 
 
 class LogTail:
-    """Feeds `<app>.conversations` into `model`, from the first record on, until stopped."""
+    """Feeds `<app>.conversations` into `model`, from the first record (or the snapshot's end) on, until stopped."""
 
-    def __init__(self, bootstrap: str, app_id: str, model: ConsoleModel) -> None:
+    def __init__(self, bootstrap: str, app_id: str, model: ConsoleModel | LiveConsole) -> None:
         self.bootstrap = bootstrap
         self.app_id = app_id
         self.topic = f"{app_id}.conversations"
         topic = self.topic
         self.model = model
         self.status = TailStatus(topic=topic)
-        self.positions: dict[int, int] = {}  # partition -> next offset to read
+        # partition -> next offset to read (a live console's own: its timelines catch up to it)
+        self.positions: dict[int, int] = model.positions if isinstance(model, LiveConsole) else {}
+        self._restored = False
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -52,6 +59,8 @@ class LogTail:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if isinstance(self.model, LiveConsole):
+            self.model.checkpoint(force=True)
 
     async def _run(self) -> None:
         while True:
@@ -67,8 +76,26 @@ class LogTail:
             await asyncio.sleep(RETRY_S)
 
     async def _tail(self) -> None:
-        partitions = await topic_partitions(self.bootstrap, self.topic)
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None)
+        planned = await plan(self.bootstrap, self.topic)
+        history = planned.history
+        self.status.partial = history.describe() if history.is_partial else None
+        self.status.partial_since = iso(history.complete_from_ms) if history.complete_from_ms else None
+        if isinstance(self.model, LiveConsole) and not self._restored:
+            heads = {h.partition: h for h in history.heads}
+            self.model.restore({p: h.log_start for p, h in heads.items()}, {p: h.end for p, h in heads.items()})
+            if not self.model.restored and planned.records > SMALL_READ:  # a first start on a long log
+                self.status.behind = planned.records
+                await self.model.build({s.partition: s.size for s in planned.spans}, self._built)
+            self.status.records = self.model.records
+            self._restored = True
+        partitions = [TopicPartition(self.topic, span.partition) for span in planned.spans]
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            group_id=None,
+            auto_offset_reset="earliest",  # a position the log no longer holds: on from its start
+            max_partition_fetch_bytes=FETCH_BYTES,
+        )
         await consumer.start()
         try:
             consumer.assign(partitions)
@@ -89,17 +116,27 @@ class LogTail:
                         self.positions[tp.partition] = record.offset + 1
                         self.status.records += 1
                     await asyncio.sleep(0)  # a long catch-up must not starve the web server
+                if isinstance(self.model, LiveConsole):
+                    self.model.checkpoint()
                 if time.monotonic() - checked >= END_OFFSETS_EVERY_S or not batches:
                     checked = time.monotonic()
                     await self._measure(consumer, partitions)
         finally:
             await consumer.stop()
 
+    def _built(self, partition: int, records: int) -> None:
+        """Progress of a first build (from the pool's drain thread): the status line counts it."""
+        self.status.records += records
+        if self.status.behind is not None:
+            self.status.behind = max(0, self.status.behind - records)
+
     async def _measure(self, consumer: AIOKafkaConsumer, partitions: Sequence[TopicPartition]) -> None:
         ends = await consumer.end_offsets(list(partitions))
         behind = sum(max(0, end - self.positions.get(tp.partition, 0)) for tp, end in ends.items())
         self.status.behind = behind
         self.status.caught_up = behind == 0
+        if isinstance(self.model, LiveConsole):
+            self.model.caught_up = self.status.caught_up
 
 
 class Sources:

@@ -14,6 +14,8 @@ class TailStatus:
     behind: int | None = None  # records on the topic not replayed yet (None until measured)
     caught_up: bool = False
     error: str | None = None
+    partial: str | None = None  # the log lost records from its head: which, how many, from when (None: whole)
+    partial_since: str | None = None  # from when every partition's history is kept
 
 
 @dataclass

@@ -32,6 +32,7 @@ from typing import Any, cast
 import faust
 from faust.web import Request, Response, View
 
+from handlers.cluster_probe import ClusterProbe
 from handlers.config_store import read_book
 from handlers.effects import EffectExecutor
 from handlers.kafka_topics import TABLES
@@ -43,17 +44,29 @@ from handlers.worker_service import WorkerService, WorkerTables, wall_clock_ms
 from projections.offsets import TailWatch
 from schemas.config import Settings
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
-from streams.worker.adapters import FaustSink, FaustTable, source_record
+from streams.worker.adapters import FaustPartitionScope, FaustSink, FaustTable, source_record
 from streams.worker.env import WorkerEnv
-from streams.worker.transport import broker_urls
+from streams.worker.tables import TableManager
+from streams.worker.transport import broker_urls, set_pre_commit
 
 log = logging.getLogger("chatwoot_router.worker")
 
 TICK_S = 1.0
-BROKER_PROBE_S = 2.0
+BROKER_PROBE_S = 2.0  # how often the broker is probed while it answers
+BROKER_RETRY_PROBE_S = 0.5  # ... and while it does not: /healthz turns 200 within about this of its return
+BROKER_PROBE_TIMEOUT_S = 1.6
 SHUTDOWN_DRAIN_S = 5.0
 REVOKE_DRAIN_S = 5.0
 SESSION_TIMEOUT_S = 15.0
+COMMIT_INTERVAL_S = 1.0
+"""The write cache is written and the offsets committed at least this often (docs/architecture.md "The commit
+protocol"): it bounds the records folded again after a crash; latency never waits for it (reads come from the
+cache)."""
+COMMIT_EVERY = 1000
+"""... and after this many records, whichever comes first (Faust's `broker_commit_every`)."""
+WRITE_CACHE = True
+"""The commit protocol's write cache: states and `timers` entries written once per commit (docs/architecture.md
+"The commit protocol"); False writes each fold step at once, as before issue 23."""
 SOURCES = ("conversations", "effects", "sweeps")
 
 
@@ -73,10 +86,12 @@ class WorkerApp:
         lanes: Lanes | None = None,
         metrics: WorkerMetrics | None = None,
         now_ms: Callable[[], int] = wall_clock_ms,
+        write_cache: bool = WRITE_CACHE,
     ) -> None:
         self.env = env
         own = ConfigDocument.of(settings.config, FoldSettings(retry_base_ms=env.retry_base_ms))
         self.reader = PartitionReader(env.bootstrap, env.app_id)
+        self.cluster_probe = ClusterProbe(env.bootstrap)  # its own client: a long partition read never delays it
         self.tails = TailWatch()
         self.broker_ok = True
         self.app = faust.App(
@@ -102,8 +117,11 @@ class WorkerApp:
             producer_acks=-1,
             # a worker killed without leaving the group holds its partitions until its session times out
             broker_session_timeout=SESSION_TIMEOUT_S,
+            broker_commit_interval=COMMIT_INTERVAL_S,
+            broker_commit_every=COMMIT_EVERY,
             # ROUTER_WORKER_ID: static membership (KIP-345); a restart within the session keeps the assignment
             consumer_group_instance_id=env.worker_id,
+            TableManager=TableManager,  # streams/worker/tables.py: no one-second wait before recovery starts
         )
         raw: dict[str, Any] = {
             "key_type": bytes,
@@ -129,7 +147,11 @@ class WorkerApp:
             metrics=metrics,
             now_ms=now_ms,
             fresh_read_ms=env.fresh_read_ms,
+            write_cache=write_cache,
+            # the write cache writes at commit time, outside any event: it names each key's partition
+            scope=FaustPartitionScope(self.topics["conversations"].get_topic_name()),
         )
+        set_pre_commit(self.app, self.service.before_commit)  # streams/worker/transport.py
         self._wire()
 
     @property
@@ -153,7 +175,7 @@ class WorkerApp:
         agent("sweeper", "sweeps")
         app.timer(TICK_S, name="timer_tick")(self.tick)
         app.task(self.leader_sweeps)
-        app.timer(BROKER_PROBE_S, name="broker_probe")(self.probe_broker)
+        app.task(self.probe_broker_forever)
 
         worker = self
 
@@ -182,15 +204,19 @@ class WorkerApp:
         app.on_partitions_revoked.connect(cast(Any, self._on_revoked))
 
     async def _on_shutdown(self, sender: Any, *args: Any, signal: Any = None, **kwargs: Any) -> None:
-        """Let running effects finish briefly (their outcomes still reach Kafka), then stop the rest."""
+        """Let running effects finish briefly (their outcomes still reach Kafka), write the cache, stop the rest."""
         await self.service.drain_effects(SHUTDOWN_DRAIN_S, "at shutdown")
+        await self.service.commit_cache()  # what was folded is durable before the offsets are committed at stop
         await self.service.lanes.close()
         await self.service.executor.aclose()
         await self.reader.close()
+        await self.cluster_probe.close()
 
     async def _on_revoked(self, sender: Any, revoked: Any, **kwargs: Any) -> None:
         """Before partitions move, let running effects finish and their outcomes reach Kafka (bounded): the new
-        owner folds them before it resumes anything; what runs longer may still be re-issued there."""
+        owner folds them before it resumes anything; what runs longer may still be re-issued there. The write
+        cache is written and acknowledged first: the new owner recovers those states from the changelog."""
+        await self.service.commit_cache()
         self.service.forget_states()
         self.service.catch_up.revoke()
         if self.service.lanes.pending:
@@ -259,10 +285,20 @@ class WorkerApp:
 
     # --- health ------------------------------------------------------------------------------------------
 
+    async def probe_broker_forever(self) -> None:
+        """Probe every BROKER_PROBE_S while the cluster answers and every BROKER_RETRY_PROBE_S while it does not,
+        so /healthz turns 200 again soon after the broker is back (a task, not a timer: a failing probe takes
+        longer than the retry interval)."""
+        while True:
+            await self.probe_broker()
+            await asyncio.sleep(BROKER_PROBE_S if self.broker_ok else BROKER_RETRY_PROBE_S)
+
     async def probe_broker(self) -> None:
-        """Whether the broker answers now: a worker that cannot reach it makes no progress (/healthz 503)."""
+        """Whether the cluster answers now: a worker that cannot reach it makes no progress (/healthz 503).
+
+        One dead broker of several is not "unreachable" (handlers/cluster_probe.py)."""
         try:
-            await asyncio.wait_for(self.reader.probe(), BROKER_PROBE_S * 0.8)
+            await asyncio.wait_for(self.cluster_probe.answer(), BROKER_PROBE_TIMEOUT_S)
         except Exception as exc:
             if self.broker_ok:
                 log.error("broker unreachable", extra={"error_type": type(exc).__name__})

@@ -1,8 +1,8 @@
 """A mutation is never made on an old read, even when its worker died before making it (issue 22).
 
-The worker issues a billing question's assignment to its owner (on `<app>.effects`) and is frozen (SIGSTOP) the moment the
-command is on the topic, then SIGKILLed: verified from outside, Chatwoot never saw the mutation. A person then
-takes the conversation over while the partition has no owner; their webhook reaches `<app>.conversations`. The
+The worker issues a billing question's assignment to its owner (on `<app>.effects`) and is frozen (SIGSTOP) the
+moment the command is on the topic, then SIGKILLed: verified from outside, Chatwoot never saw the mutation. A person
+then takes the conversation over while the partition has no owner; their webhook reaches `<app>.conversations`. The
 restarted worker consumes that very command copy, which its run still awaits, and must not make it: its fold
 first passes the head the worker found at assignment (the takeover), and the read is older than
 ROUTER_FRESH_READ_MS by then anyway. The run reads again and leaves the conversation to the person.

@@ -1,6 +1,8 @@
-"""KafkaWebhookWriter's producer life, with fake producers (no broker): any failed write retires the producer it
-used and the next write gets a fresh one; a producer whose sender died is replaced before it is used; the
-health probe answers False while no producer can be made or the topic has partitions without a leader."""
+"""KafkaWebhookWriter's producer life, with fake producers (no broker): a write that fails because the producer is
+broken retires it and the next write gets a fresh one, while a write that fails because its partition cannot take
+it now (no ack in time, no leader, too few replicas) keeps it; a producer whose sender died is replaced before it
+is used; the health probe answers False while no producer can be made, no partition of the topic has a reachable
+leader with enough reachable in-sync replicas, or every write has been failing for a while."""
 
 from __future__ import annotations
 
@@ -11,38 +13,54 @@ from typing import Any
 import pytest
 from aiokafka.errors import (
     KafkaConnectionError,
+    KafkaError,
     KafkaTimeoutError,
+    LeaderNotAvailableError,
+    NotEnoughReplicasError,
+    NotLeaderForPartitionError,
     OutOfOrderSequenceNumber,
     ProducerClosed,
     ProducerFenced,
+    RequestTimedOutError,
     UnknownProducerId,
 )
+from aiokafka.structs import PartitionMetadata
 
 from handlers.ingress import KafkaWebhookWriter
 
 TOPIC = "t.conversations"
 
 
-@dataclass
 class FakeMetadata:
-    leaders: dict[int, int]
+    """aiokafka's ClusterMetadata as far as the probe reads it: partition -> (leader, in-sync replicas), each
+    partition replicated on brokers 1, 2 and 3."""
 
-    def partitions_for_topic(self, topic: str) -> set[int] | None:
-        return set(self.leaders) if topic == TOPIC else None
+    def __init__(self, partitions: dict[int, tuple[int, tuple[int, ...]]]) -> None:
+        self._partitions = {
+            TOPIC: {
+                p: PartitionMetadata(TOPIC, p, leader, [1, 2, 3], list(isr), None)
+                for p, (leader, isr) in partitions.items()
+            }
+        }
 
-    def available_partitions_for_topic(self, topic: str) -> set[int] | None:
-        return {p for p, leader in self.leaders.items() if leader >= 0} if topic == TOPIC else None
+
+def healthy() -> FakeMetadata:
+    return FakeMetadata({0: (1, (1, 2)), 1: (2, (2, 1))})
 
 
 @dataclass
 class FakeClient:
-    metadata: FakeMetadata | None = field(default_factory=lambda: FakeMetadata({0: 1, 1: 1}))
+    metadata: FakeMetadata | None = field(default_factory=healthy)
+    reachable: set[int] = field(default_factory=lambda: {1, 2})
     closed: bool = False
 
     async def fetch_all_metadata(self) -> FakeMetadata:
         if self.metadata is None:
             raise KafkaConnectionError("down")
         return self.metadata
+
+    async def ready(self, node_id: int) -> bool:
+        return node_id in self.reachable
 
     async def close(self) -> None:
         self.closed = True
@@ -94,8 +112,17 @@ class Factory:
         return producer
 
 
+async def no_min_isr() -> None:
+    return None  # unknown: the probe requires min(2, replicas) in-sync replicas
+
+
 def writer_with(factory: Factory, **kwargs: Any) -> tuple[KafkaWebhookWriter, list[str]]:
+    """A writer on fake producers; its probe reads the latest producer's fake client (metadata, reachability)."""
     replaced: list[str] = []
+
+    async def probe_client() -> FakeClient:
+        return factory.made[-1].client
+
     writer = KafkaWebhookWriter(
         "127.0.0.1:1",
         TOPIC,
@@ -104,17 +131,17 @@ def writer_with(factory: Factory, **kwargs: Any) -> tuple[KafkaWebhookWriter, li
         create_topic=False,
         retire_grace_s=0.05,
         on_replace=replaced.append,
-        **kwargs,
+        **{"read_min_isr": no_min_isr, "probe_client": probe_client, **kwargs},
     )
     return writer, replaced
 
 
 @pytest.mark.parametrize(
     "error",
-    [OutOfOrderSequenceNumber(), UnknownProducerId(), ProducerFenced(), ProducerClosed(), KafkaTimeoutError()],
+    [OutOfOrderSequenceNumber(), UnknownProducerId(), ProducerFenced(), ProducerClosed(), KafkaError("sender")],
     ids=lambda e: type(e).__name__,
 )
-async def test_a_failed_write_replaces_the_producer_and_the_next_write_is_acknowledged(error: Exception) -> None:
+async def test_a_write_the_producer_broke_replaces_it_and_the_next_write_is_acknowledged(error: Exception) -> None:
     broken = FakeProducer(send_error=error)
     factory = Factory(broken)
     writer, replaced = writer_with(factory)
@@ -128,7 +155,36 @@ async def test_a_failed_write_replaces_the_producer_and_the_next_write_is_acknow
     await writer.close()
 
 
-async def test_a_write_stuck_past_the_deadline_replaces_the_producer() -> None:
+@pytest.mark.parametrize(
+    "error",
+    [
+        NotLeaderForPartitionError(),
+        LeaderNotAvailableError(),
+        NotEnoughReplicasError(),
+        RequestTimedOutError(),
+        KafkaConnectionError("reset"),
+        KafkaTimeoutError(),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+async def test_a_write_its_partition_could_not_take_keeps_the_producer(error: Exception) -> None:
+    """A leader moving or too few replicas is the partition's state, not the producer's: a new producer would
+    only make every other partition wait for its producer id."""
+    busy = FakeProducer(send_error=error)
+    factory = Factory(busy)
+    writer, replaced = writer_with(factory)
+    with pytest.raises(type(error)):
+        await writer.write("1:2", b"first")
+    busy.send_error = None  # the partition has a leader again
+    await writer.write("1:3", b"second")
+    assert replaced == [] and len(factory.made) == 1
+    assert busy.sent == [(TOPIC, b"1:3", b"second")]
+    await writer.close()
+
+
+async def test_a_write_stuck_past_the_deadline_keeps_the_producer() -> None:
+    """No ack within the door's deadline says nothing about the producer: the record stays queued in it, and the
+    next webhook (another partition, or this one once its leader answers) is written by the same producer."""
     stuck = FakeProducer()
     stuck.hang = True
     factory = Factory(stuck)
@@ -136,9 +192,10 @@ async def test_a_write_stuck_past_the_deadline_replaces_the_producer() -> None:
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):  # the door's produce timeout
             await writer.write("1:2", b"stuck")
-    assert replaced == ["CancelledError"]
-    await writer.write("1:2", b"fresh")
-    assert factory.made[1].sent == [(TOPIC, b"1:2", b"fresh")]
+    stuck.hang = False
+    await writer.write("1:3", b"next")
+    assert replaced == [] and len(factory.made) == 1
+    assert stuck.sent == [(TOPIC, b"1:3", b"next")]
     await writer.close()
 
 
@@ -185,22 +242,49 @@ async def test_reconnect_backoff_fails_requests_in_between_at_once() -> None:
     await writer.close()
 
 
-async def test_writable_follows_writes_and_probes_metadata_after_a_failure() -> None:
-    leaderless = FakeProducer(send_error=KafkaTimeoutError())
-    factory = Factory(leaderless)
-    writer, _ = writer_with(factory, probe_cache_s=0.0)
-    assert await writer.writable()  # probe: a producer, and every partition has a leader
-    with pytest.raises(KafkaTimeoutError):
-        await writer.write("1:2", b"x")
-    replacement = FakeProducer()
-    replacement.client.metadata = FakeMetadata({0: 1, 1: -1})  # partition 1 has no leader yet
-    factory.queue.append(replacement)
+async def test_writable_while_some_partition_has_a_reachable_leader_and_in_sync_replicas() -> None:
+    producer = FakeProducer()
+    writer, _ = writer_with(Factory(producer), probe_cache_s=0.0, fresh_s=0.0)
+    assert await writer.writable() and writer.writable_partitions == 2
+    producer.client.metadata = FakeMetadata({0: (1, (1, 2)), 1: (-1, (2,))})  # partition 1 has no leader
+    assert await writer.writable() and writer.writable_partitions == 1  # the door narrowed, it is not shut
+    producer.client.reachable = {1}  # broker 2 died: still in partition 0's in-sync replicas until it is fenced
+    assert not await writer.writable() and writer.writable_partitions == 0
+    producer.client.metadata = FakeMetadata({0: (1, (1,)), 1: (1, (1,))})  # fenced, but one replica is too few
     assert not await writer.writable()
-    replacement.client.metadata = FakeMetadata({0: 1, 1: 1})
+    producer.client.metadata = FakeMetadata({0: (1, (1, 3)), 1: (3, (3, 1))})  # moved to brokers 1 and 3
+    producer.client.reachable = {1, 3}
+    assert await writer.writable() and writer.writable_partitions == 2
+    producer.client.metadata = None  # every broker is gone
+    assert not await writer.writable()
+    await writer.close()
+
+
+async def test_writable_uses_the_topic_min_isr_when_it_can_read_it() -> None:
+    producer = FakeProducer()
+    producer.client.metadata = FakeMetadata({0: (1, (1,)), 1: (2, (2,))})
+
+    async def min_isr_one() -> int:
+        return 1
+
+    writer, _ = writer_with(Factory(producer), probe_cache_s=0.0, read_min_isr=min_isr_one)
+    assert await writer.writable()  # a single in-sync replica is enough for a topic with min.insync.replicas=1
+    await writer.close()
+
+
+async def test_writable_is_false_while_every_write_keeps_failing() -> None:
+    """A cluster that lost its controller quorum keeps listing every broker as leader and in sync; the writes say
+    otherwise."""
+    producer = FakeProducer(send_error=RequestTimedOutError())
+    writer, _ = writer_with(Factory(producer), probe_cache_s=0.0, shut_after_s=0.05)
     assert await writer.writable()
-    replacement.client.metadata = None  # the broker is gone again
+    for _ in range(3):
+        with pytest.raises(RequestTimedOutError):
+            await writer.write("1:2", b"x")
+        await asyncio.sleep(0.03)
     assert not await writer.writable()
-    await writer.write("1:2", b"y")  # a write that succeeds is proof enough, no probe needed
+    producer.send_error = None
+    await writer.write("1:2", b"y")  # an acknowledged write opens the door again at once
     assert await writer.writable()
     await writer.close()
 

@@ -46,3 +46,19 @@ def test_command_ids_name_their_run() -> None:
 def test_partition_slots_round_trip() -> None:
     assert partition_slot("conversations", 3) == "conversations:3"
     assert parse_partition_slot("sweeps:11") == ("sweeps", 11)
+
+
+def test_the_partitioner_is_kafkas_default() -> None:
+    """A reader of one conversation reads only the partition every writer put it in (aiokafka's partitioner)."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    from schemas.keys import partition_for
+
+    every = list(range(12))
+    for account in (1, 2, 17):
+        for conversation in range(1, 400, 7):
+            key = conversation_key(account, conversation)
+            assert partition_for(key, 12) == DefaultPartitioner()(key.encode(), every, every)
+    assert partition_for("config", 1) == 0
+    with pytest.raises(ValueError):
+        partition_for("1:2", 0)

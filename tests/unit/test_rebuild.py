@@ -25,7 +25,8 @@ def test_the_rebuilt_state_is_the_fold_of_the_log_with_its_timer_and_version() -
     tables = builder.tables()
     partition, state = tables["conversation_state"][key]
     assert partition == 3
-    assert state == driver.state.model_copy(update={"config_version": document.version}).model_dump(mode="json")
+    versioned = {"config_version": document.version, "first_version": document.version}  # folded under it
+    assert state == driver.state.model_copy(update=versioned).model_dump(mode="json")
     assert wakeup_of(ConversationState.model_validate(state)) == driver.wakeup  # the due time is in the state
     assert tables["timers"] == {key: (3, {"p": 3})}  # listed: its due time is in its state
     assert tables["partition_configs"] == {"conversations:3": (3, document.version)}

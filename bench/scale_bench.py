@@ -1,0 +1,460 @@
+"""Readers at scale (issue 25, DESIGN §8): every reader of the event log on a big topic, beside a raw consumer.
+
+For each `--records` size it builds an app whose `conversations` topic has 12 partitions filled with the recorded
+demo histories (`tests/golden/demo`) under new conversation ids, `--interleave` conversations in flight at a time,
+every record in the partition the project's partitioner gives its key (`schemas/keys.py`), after `config apply`
+of the demo's configuration. Then, in one run and in this order:
+
+- raw: an aiokafka consumer reads the whole topic (the baseline of every ratio);
+- `replay state --to-app NEW` (copy + fold + write; NEW is what the next commands read);
+- `audit --verify` (all of NEW, against the table the rebuild wrote: 0 differences expected);
+- `audit --conversation A:C` and `audit --verify --conversation A:C`, for the oldest and the newest conversation;
+- `whatif --config SAME` (all turns, the configuration in force as the candidate: nothing may change);
+- the console, started twice: seconds until its overview counts every conversation and the newest conversation's
+  page answers 200 (the first start builds what it keeps, the second starts from it).
+
+Each command runs as its own process (`python -m streams.cli`, in `--code-dir`, so an exported older tree is
+measured the same way). Reported per command: seconds, the peak of the process tree's summed RSS and PSS (children
+included: `--jobs` processes), records/s (records of the topic / seconds) and the ratio to the raw consumer's
+records/s; for two or more sizes, the growth of each figure from the smallest to the largest.
+
+    .venv/bin/python bench/scale_bench.py --bootstrap 127.0.0.1:29731 --records 1000000 [--records 3000000]
+        [--code-dir /tmp/before] [--only replay,verify] [--jobs N] [--app-id EXISTING]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from aiokafka import AIOKafkaProducer, TopicPartition
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from handlers.kafka_io import topic_partitions  # noqa: E402
+from handlers.kafka_topics import ensure_app_topics  # noqa: E402
+from handlers.log_reader import log_consumer  # noqa: E402
+from schemas.keys import partition_for  # noqa: E402
+from streams.kafka_local import free_port  # noqa: E402
+from tests.golden.histories import histories, settings_of  # noqa: E402
+
+PARTITIONS = 12
+DEMO = ROOT / "tests" / "golden" / "demo"
+COMMANDS = ("raw", "replay", "verify", "audit", "audit-verify", "whatif", "console")
+
+
+# --- building the topic ---------------------------------------------------------------------------------------
+
+
+def demo_logs() -> list[tuple[int, list[str]]]:
+    """(conversation id, compact JSON records) of the demo's account-1 histories."""
+    logs = []
+    for history in histories():
+        account, conversation = history.name.split("-")
+        if account != "1" or history.directory.name != "demo":
+            continue
+        rows = [json.loads(line)["record"] for line in history.events_path.read_text().splitlines()]
+        logs.append((int(conversation), [json.dumps(r, separators=(",", ":")) for r in rows]))
+    return logs
+
+
+def renamed(record: str, old: int, new: int) -> str:
+    return (
+        record.replace(f'"key":"1:{old}"', f'"key":"1:{new}"')
+        .replace(f'"command_id":"1:{old}:', f'"command_id":"1:{new}:')
+        .replace(f'"conversation_id":{old},', f'"conversation_id":{new},')
+    )
+
+
+@dataclass
+class Built:
+    app_id: str
+    records: int
+    conversations: int
+    oldest: str
+    newest: str
+
+
+def cli(code_dir: Path, env: dict[str, str], *args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "streams.cli", *args],
+        cwd=code_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def router_env(bootstrap: str, app_id: str, config_path: Path, retry_base_ms: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROUTER_")}
+    env.update(
+        KAFKA_BOOTSTRAP_SERVERS=bootstrap,
+        ROUTER_APP_ID=app_id,
+        ROUTER_CONFIG=str(config_path),
+        ROUTER_RETRY_BASE_MS=str(retry_base_ms),
+        ROUTER_PARTITIONS=str(PARTITIONS),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+async def fill(bootstrap: str, app_id: str, wanted: int, interleave: int) -> Built:
+    """Write at least `wanted` records of renamed demo histories, `interleave` conversations in flight."""
+    topic = f"{app_id}.conversations"
+    logs = demo_logs()
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks=1, linger_ms=20, max_batch_size=512 * 1024, compression_type=None
+    )
+    await producer.start()
+    written, next_id, source = 0, 100_000, 0
+    active: list[tuple[str, list[str], int]] = []  # (key, records, next index)
+    oldest = newest = ""
+    try:
+        while written < wanted or active:
+            while len(active) < interleave and written < wanted:
+                old, records = logs[source % len(logs)]
+                source += 1
+                next_id += 1
+                key = f"1:{next_id}"
+                oldest = oldest or key
+                newest = key
+                active.append((key, [renamed(r, old, next_id) for r in records], 0))
+            still = []
+            for key, records, index in active:
+                partition = partition_for(key, PARTITIONS)
+                await producer.send(topic, key=key.encode(), value=records[index].encode(), partition=partition)
+                written += 1
+                if index + 1 < len(records):
+                    still.append((key, records, index + 1))
+            active = still
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return Built(app_id, written, next_id - 100_000, oldest, newest)
+
+
+def build(bootstrap: str, records: int, interleave: int, workdir: Path) -> tuple[Built, dict[str, str]]:
+    app_id = f"scale-{records // 1000}k-{uuid.uuid4().hex[:6]}"
+    _, retry_base_ms = settings_of(DEMO)
+    config_path = workdir / "demo-config.json"
+    config_path.write_text((DEMO / "config.json").read_text())
+    env = router_env(bootstrap, app_id, config_path, retry_base_ms)
+    asyncio.run(ensure_app_topics(bootstrap, app_id, PARTITIONS))
+    applied = cli(ROOT, env, "config", "apply", str(config_path))
+    assert applied.returncode == 0, applied.stderr
+    started = time.monotonic()
+    built = asyncio.run(fill(bootstrap, app_id, records, interleave))
+    print(
+        f"built {app_id}: {built.records:,} records, {built.conversations:,} conversations in "
+        f"{time.monotonic() - started:.0f} s (oldest {built.oldest}, newest {built.newest})",
+        flush=True,
+    )
+    return built, env
+
+
+def existing(bootstrap: str, app_id: str, workdir: Path) -> tuple[Built, dict[str, str]]:
+    """An app built by an earlier run (`--app-id`): its size, and its oldest and newest conversations."""
+    _, retry_base_ms = settings_of(DEMO)
+    config_path = workdir / "demo-config.json"
+    config_path.write_text((DEMO / "config.json").read_text())
+    env = router_env(bootstrap, app_id, config_path, retry_base_ms)
+
+    async def probe() -> Built:
+        tps = await topic_partitions(bootstrap, f"{app_id}.conversations")
+        async with log_consumer(bootstrap) as consumer:
+            ends = await consumer.end_offsets(tps)
+        ids: list[int] = []
+        async with log_consumer(bootstrap) as consumer:
+            for tp in tps:
+                for offset in (0, ends[tp] - 1):
+                    if ends[tp] == 0:
+                        continue
+                    consumer.assign([tp])
+                    consumer.seek(tp, offset)
+                    batch = (await consumer.getmany(tp, timeout_ms=3000, max_records=5)).get(tp, [])
+                    ids += [int(r.key.split(b":")[1]) for r in batch if r.key and r.key.startswith(b"1:")]
+        return Built(app_id, sum(ends.values()), max(ids) - min(ids) + 1, f"1:{min(ids)}", f"1:{max(ids)}")
+
+    return asyncio.run(probe()), env
+
+
+# --- measuring --------------------------------------------------------------------------------------------------
+
+
+def _tree(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def _kb(path: str, field_name: str) -> int:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field_name):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+@dataclass
+class Peak:
+    """The peak summed RSS and PSS of a process tree, sampled every `every_s`."""
+
+    pid: int
+    every_s: float = 0.2
+    rss_kb: int = 0
+    pss_kb: int = 0
+    processes: int = 1
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> Peak:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pids = _tree(self.pid)
+            self.processes = max(self.processes, len(pids))
+            self.rss_kb = max(self.rss_kb, sum(_kb(f"/proc/{p}/status", "VmRSS:") for p in pids))
+            self.pss_kb = max(self.pss_kb, sum(_kb(f"/proc/{p}/smaps_rollup", "Pss:") for p in pids))
+            self._stop.wait(self.every_s)
+
+
+@dataclass
+class Result:
+    command: str
+    seconds: float
+    rss_mb: float
+    pss_mb: float
+    records_per_s: float
+    ratio: float
+    processes: int = 1
+    note: str = ""
+    cpu_s: float = 0.0  # CPU seconds of the command's whole process tree (user + system)
+
+    @property
+    def per_cpu_second(self) -> float:
+        """Records per CPU second: the per-core figure, whatever else ran on the machine meanwhile."""
+        return self.records_per_s * self.seconds / self.cpu_s if self.cpu_s else 0.0
+
+
+def run_command(
+    name: str, code_dir: Path, env: dict[str, str], args: list[str], records: int, raw_rate: float
+) -> Result:
+    started, cpu = time.monotonic(), children_cpu()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streams.cli", *args],
+        cwd=code_dir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    with Peak(process.pid) as peak:
+        out, err = process.communicate(timeout=7200)
+    seconds = time.monotonic() - started
+    last = (out.strip().splitlines() or [""])[-1]
+    note = last[:160] if process.returncode in (0, 1) else f"exit {process.returncode}: {err.strip()[-300:]}"
+    rate = records / seconds
+    mb = (peak.rss_kb / 1024, peak.pss_kb / 1024)
+    return Result(name, seconds, *mb, rate, rate / raw_rate, peak.processes, note, children_cpu() - cpu)
+
+
+def children_cpu() -> float:
+    """CPU seconds of every child process waited for so far (a command's pool workers are waited by it, so they
+    count in its figure)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def raw_consumer(bootstrap: str, topic: str) -> tuple[float, int]:
+    """Seconds and records for a plain aiokafka consumer of every partition at once (its default settings)."""
+    from aiokafka import AIOKafkaConsumer
+
+    tps = await topic_partitions(bootstrap, topic)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        started, count = time.perf_counter(), 0
+        remaining: set[TopicPartition] = {tp for tp, end in ends.items() if end > 0}
+        while remaining:
+            for tp, records in (await consumer.getmany(*remaining, timeout_ms=500)).items():
+                count += len(records)
+                if records and records[-1].offset >= ends[tp] - 1:
+                    remaining.discard(tp)
+        return time.perf_counter() - started, count
+    finally:
+        await consumer.stop()
+
+
+def console_first_page(
+    code_dir: Path, env: dict[str, str], built: Built, raw_rate: float, snapshot_dir: Path, label: str
+) -> Result:
+    """Seconds from the console's start until its overview counts every conversation and the newest conversation's
+    page answers 200."""
+    port = free_port()
+    started, cpu = time.monotonic(), children_cpu()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streams.cli", "console", "--port", str(port)],
+        cwd=code_dir,
+        env={**env, "ROUTER_DATA_DIR": str(snapshot_dir)},  # the snapshot goes to $ROUTER_DATA_DIR/console
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    overview_s = newest_s = None
+    with Peak(process.pid) as peak:
+        try:
+            with httpx.Client(timeout=30) as http:
+                while time.monotonic() - started < 3600 and (overview_s is None or newest_s is None):
+                    try:
+                        if overview_s is None:
+                            data = http.get(f"{url}/api/overview").json()["data"]
+                            if data["conversations"] >= built.conversations:
+                                overview_s = time.monotonic() - started
+                        if newest_s is None and http.get(f"{url}/conversations/{built.newest}").status_code == 200:
+                            newest_s = time.monotonic() - started
+                    except (httpx.HTTPError, ValueError, KeyError):
+                        pass
+                    time.sleep(0.1)
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+    seconds = max(overview_s or float("nan"), newest_s or float("nan"))
+    rate = built.records / seconds
+    note = (
+        f"overview {overview_s:.1f} s, newest conversation {newest_s:.1f} s" if overview_s and newest_s else "timeout"
+    )
+    mb = (peak.rss_kb / 1024, peak.pss_kb / 1024)
+    return Result(label, seconds, *mb, rate, rate / raw_rate, peak.processes, note, children_cpu() - cpu)
+
+
+def measure(bootstrap: str, built: Built, env: dict[str, str], args: argparse.Namespace, workdir: Path) -> list[Result]:
+    code_dir = Path(args.code_dir).resolve()
+    wanted = set(args.only.split(",")) if args.only else set(COMMANDS)
+    jobs = ["--jobs", str(args.jobs)] if args.jobs else []
+    seconds, count = asyncio.run(raw_consumer(bootstrap, f"{built.app_id}.conversations"))
+    raw_rate = count / seconds
+    results = [Result("raw consumer", seconds, 0.0, 0.0, raw_rate, 1.0, note=f"{count:,} records")]
+    print(f"raw consumer: {count:,} records in {seconds:.2f} s ({raw_rate:,.0f} records/s)", flush=True)
+    new_app = f"{built.app_id}-r{uuid.uuid4().hex[:4]}"
+    new_env = {**env, "ROUTER_APP_ID": new_app}
+    total = built.records
+
+    def step(name: str, environment: dict[str, str], *command: str) -> None:
+        result = run_command(name, code_dir, environment, list(command), total, raw_rate)
+        results.append(result)
+        print(show(result), flush=True)
+
+    if wanted & {"replay", "verify", "audit", "audit-verify"}:  # these read what the rebuild wrote
+        step("replay state --to-app", env, "replay", "state", "--to-app", new_app, *jobs)
+    else:  # what-if and the console need no table: the built app itself
+        new_app, new_env = built.app_id, env
+    if "verify" in wanted:
+        step("audit --verify", new_env, "audit", "--verify", *jobs)
+    if "audit" in wanted:
+        for which, key in (("oldest", built.oldest), ("newest", built.newest)):
+            step(f"audit --conversation ({which})", new_env, "audit", "--conversation", key)
+    if "audit-verify" in wanted:
+        for which, key in (("oldest", built.oldest), ("newest", built.newest)):
+            step(f"audit --verify --conversation ({which})", new_env, "audit", "--verify", "--conversation", key)
+    if "whatif" in wanted:
+        step("whatif --config SAME", new_env, "whatif", "--config", env["ROUTER_CONFIG"], *jobs)
+    if "console" in wanted:
+        snapshot = workdir / f"console-{new_app}"
+        for label in ("console (first start)", "console (second start)"):
+            result = console_first_page(code_dir, new_env, built, raw_rate, snapshot, label)
+            results.append(result)
+            print(show(result), flush=True)
+    return results
+
+
+def show(r: Result) -> str:
+    per_cpu = f"{r.per_cpu_second:>9,.0f} rec/CPU-s" if r.cpu_s else " " * 19
+    return (
+        f"{r.command:<44} {r.seconds:8.2f} s  RSS {r.rss_mb:5.0f} MB  PSS {r.pss_mb:5.0f} MB  "
+        f"{r.records_per_s:>10,.0f} rec/s  {r.ratio:5.2f}x raw  {per_cpu}  ({r.processes} proc)  {r.note}"
+    )
+
+
+def growth(small: list[Result], large: list[Result], sizes: tuple[int, int]) -> None:
+    print(f"\ngrowth from {sizes[0]:,} to {sizes[1]:,} records ({sizes[1] / sizes[0]:.1f}x the records):")
+    by_name = {r.command: r for r in small}
+    for r in large:
+        s = by_name.get(r.command)
+        if s is None or not s.seconds:
+            continue
+        rss = f"{r.rss_mb / s.rss_mb:.2f}x" if s.rss_mb else "-"
+        print(f"  {r.command:<44} seconds {r.seconds / s.seconds:5.2f}x   RSS {rss}")
+
+
+def _row(r: Result) -> dict[str, Any]:
+    return {**r.__dict__, "per_cpu_second": r.per_cpu_second}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bootstrap", required=True, help="a running broker (start one with `chatwoot-router kafka`)")
+    parser.add_argument("--records", type=int, action="append", help="topic size; repeat for a growth figure")
+    parser.add_argument("--interleave", type=int, default=50, help="conversations in flight while filling")
+    parser.add_argument("--code-dir", default=str(ROOT), help="the tree whose commands are measured")
+    parser.add_argument("--only", help=f"a comma-separated subset of {','.join(COMMANDS)}")
+    parser.add_argument("--jobs", type=int, help="passed as --jobs N to the commands that take it")
+    parser.add_argument("--app-id", action="append", help="measure an app built earlier instead (one per size)")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="scale-bench-"))
+    runs: list[tuple[int, list[Result]]] = []
+    targets: list[Any] = args.app_id or args.records or [100_000]
+    for target in targets:
+        built, env = (
+            existing(args.bootstrap, target, workdir)
+            if args.app_id
+            else build(args.bootstrap, target, args.interleave, workdir)
+        )
+        print(f"\n== {built.records:,} records ({built.app_id}), code from {args.code_dir}", flush=True)
+        runs.append((built.records, measure(args.bootstrap, built, env, args, workdir)))
+    if len(runs) >= 2:
+        growth(runs[0][1], runs[-1][1], (runs[0][0], runs[-1][0]))
+    if args.json:
+        args.json.write_text(
+            json.dumps([{"records": n, "results": [_row(r) for r in rs]} for n, rs in runs], indent=2) + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""The console process's read model: the overview of the whole log in bounded memory, timelines on demand.
+
+The in-memory `ConsoleModel` keeps every conversation's timeline; over a year of history that does not fit and
+takes minutes to build. `LiveConsole` instead folds the log into the overview only (`OverviewFold`, each
+conversation's state in the on-disk `Snapshot`), so its memory stays flat and a restart starts from the snapshot
+instead of offset 0; and it builds a conversation's timeline when a page asks for it, by reading only that
+conversation's partition from its first record (the start its state records, as `audit --conversation` does).
+The last timelines asked for are kept and follow the log live, fed by the tail like the overview.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from handlers.console.build import BuildJob, Built, build_partition
+from handlers.console.snapshot import Snapshot, fits
+from handlers.log_reader import Progress, Records, Span, plan, read
+from handlers.shards import default_jobs, run_sharded
+from projections.console_model import ConsoleModel, ConversationTimeline
+from projections.console_overview import Overview, OverviewCounts, OverviewFold
+from schemas.config import RouterConfig
+from schemas.configs import ConfigBook, ConfigDocument
+from schemas.keys import partition_for
+from schemas.records import MARKER_KEY, parse_marker
+
+MARKER = MARKER_KEY.encode()
+TIMELINES = 32  # conversations whose timelines are kept (and followed live)
+COMMIT_EVERY_S = 2.0
+COMMIT_EVERY = 20_000  # changed conversations
+
+
+@dataclass
+class LiveConsole:
+    """The overview (`overview`), timelines on demand (`timeline`) and the tail's interface (`feed`, ...)."""
+
+    bootstrap: str
+    app_id: str
+    book: ConfigBook
+    snapshot: Snapshot
+    config: RouterConfig | None = None
+    retry_base_ms: int = 5000
+    positions: dict[int, int] = field(default_factory=dict)  # partition -> next offset (the tail updates it)
+    partitions: int = 0
+    version: int = 0
+    restored: bool = False
+    caught_up: bool = False  # the tail has read every partition to its end (set by the tail)
+    jobs: int = field(default_factory=default_jobs)  # processes for a first build (handlers/console/build.py)
+
+    def __post_init__(self) -> None:
+        self.fold = OverviewFold(self.snapshot, book=self.book, config=self.config, retry_base_ms=self.retry_base_ms)
+        self.timelines: OrderedDict[str, tuple[int, ConsoleModel]] = OrderedDict()
+        self._committed = time.monotonic()
+
+    @property
+    def topic(self) -> str:
+        return f"{self.app_id}.conversations"
+
+    # --- the tail's interface ---
+
+    def restore(self, starts: dict[int, int], ends: dict[int, int]) -> None:
+        """Continue from the snapshot when it fits the topic as it is now; else start over (and say so in the log)."""
+        self.partitions = len(ends)
+        loaded = self.snapshot.load()
+        if loaded is not None and fits(loaded, starts, ends):
+            self.fold.counts = loaded.counts
+            for partition, version in loaded.versions.items():
+                self.fold.scan.resume(partition, version)
+            self.positions.update(loaded.positions)
+            self.restored = True
+        elif loaded is not None:
+            self.snapshot.reset()
+
+    async def build(self, sizes: dict[int, int], progress: Progress | None = None) -> None:
+        """Fold the whole log into the snapshot one partition per process (a first start on a long log), then
+        continue from where each partition's build stopped."""
+        self.snapshot.reset()  # what an interrupted build left is not counted: start clean
+        job = BuildJob(self.bootstrap, self.topic, self.snapshot.path, self.book, self.config, self.retry_base_ms)
+        task = functools.partial(build_partition, job)
+        built: dict[int, Built] = await asyncio.to_thread(run_sharded, task, sizes, self.jobs, progress)
+        counts = OverviewCounts()
+        for partition in sorted(built):
+            counts.merge(built[partition].counts)
+            self.positions[partition] = built[partition].position
+            self.fold.scan.resume(partition, built[partition].version)
+        self.fold.counts = counts
+        self.checkpoint(force=True)
+
+    def needs_version(self, value: bytes | None) -> str | None:
+        marker = parse_marker(value)
+        return marker.version if marker is not None and marker.version not in self.book else None
+
+    def add_documents(self, documents: list[ConfigDocument]) -> None:
+        self.fold.scan.add_documents(documents)
+
+    def feed(self, value: bytes | None, offset: int, partition: int = 0, key: bytes | None = None) -> None:
+        self.version += 1
+        self.fold.feed(value, offset, partition)
+        for cached_key, (at, model) in self.timelines.items():
+            if at == partition and (key == MARKER or key == cached_key.encode()):
+                model.feed(value, offset, partition, key)
+
+    def checkpoint(self, *, force: bool = False) -> None:
+        """Commit the snapshot every `COMMIT_EVERY_S` (or `COMMIT_EVERY` changed conversations), or now."""
+        due = time.monotonic() - self._committed >= COMMIT_EVERY_S or self.snapshot.pending >= COMMIT_EVERY
+        if force or (due and self.snapshot.pending):
+            versions = {p: v for p in self.positions if (v := self.fold.scan.version(p)) is not None}
+            self.snapshot.commit(self.fold.counts, dict(self.positions), versions)
+            self._committed = time.monotonic()
+
+    # --- the pages' interface ---
+
+    @property
+    def records(self) -> int:
+        return self.fold.counts.records
+
+    @property
+    def undecodable(self) -> int:
+        return self.fold.counts.undecodable
+
+    def overview(self, now_ms: int, *, hours: int = 24, recent: int = 20) -> Overview:
+        return self.fold.counts.overview(now_ms, hours=hours, recent=recent)
+
+    async def timeline(self, key: str) -> ConversationTimeline | None:
+        """The conversation's timeline, read from its partition when it is not kept already."""
+        kept = self.timelines.get(key)
+        if kept is not None:
+            self.timelines.move_to_end(key)
+            return kept[1].timeline(key)
+        summary = self.fold.store.get(key)
+        if summary is None and self.caught_up:
+            return None  # no record of it in the log (while the tail catches up, the log itself is read)
+        planned = await plan(self.bootstrap, self.topic)
+        partition = partition_for(key, len(planned.spans))
+        span = planned.span(partition)
+        model = ConsoleModel(self.config, retry_base_ms=self.retry_base_ms, book=self.book, only_key=key)
+        if summary is not None and summary.state.first_offset > span.start:
+            span = Span(span.topic, partition, summary.state.first_offset, span.end)
+            model.scan.resume(partition, summary.state.first_version)
+
+        def apply(p: int, records: Records) -> None:
+            for record in records:
+                model.feed(record.value, record.offset, p, record.key)
+
+        wanted = {key.encode(), MARKER}
+        await read(self.bootstrap, [span], apply, keys=wanted)
+        end = span.end
+        while self.positions.get(partition, 0) > end:  # the tail read on meanwhile: catch up with it
+            target = self.positions[partition]
+            await read(self.bootstrap, [Span(span.topic, partition, end, target)], apply, keys=wanted)
+            end = target
+        self.timelines[key] = (partition, model)  # no await since the check: the tail feeds it from here on
+        while len(self.timelines) > TIMELINES:
+            self.timelines.popitem(last=False)
+        return model.timeline(key)

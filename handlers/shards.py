@@ -1,0 +1,120 @@
+"""Partitions of the log shared out over processes (DESIGN §8 "Readers at scale": readers use every core).
+
+A partition's records fold independently of every other partition's (a conversation lives in one partition), so
+a rebuild, a verify and a what-if over everything run one task per partition, `jobs` processes at a time, the
+largest partitions first. Each task runs its own event loop, consumer and producer in its process and returns a
+small picklable result (counts, a capped list of rows); its progress (records read) comes back over a queue to
+the parent, which shows it. With `jobs == 1` the tasks run one after the other in this process.
+
+Processes are forked before any thread of the parent starts (the pool starts them all at once), and outside any
+running event loop, so a child starts clean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import queue
+import threading
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any, TypeVar
+
+from handlers.log_reader import Progress
+
+T = TypeVar("T")
+Task = Callable[[int, Progress], Coroutine[Any, Any, T]]
+
+_progress_queue: Any = None  # the child's end of the progress queue (set by the pool's initializer)
+FLUSH_EVERY = 5000  # records between two progress messages from a child
+
+
+class ShardFailed(RuntimeError):
+    """A task failed in its process; `str()` names the partition and the error (the traceback stays there)."""
+
+
+def default_jobs() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+def run_sharded(
+    task: Task[T],
+    sizes: Mapping[int, int],
+    jobs: int,
+    progress: Progress | None = None,
+) -> dict[int, T]:
+    """`task(partition, progress)` for every partition of `sizes` (partition -> records to read), `jobs` at a time;
+    returns each partition's result. Call it outside a running event loop."""
+    order = sorted(sizes, key=lambda p: (-sizes[p], p))
+    if jobs <= 1 or len(order) <= 1:
+        return {p: asyncio.run(task(p, progress or _ignore)) for p in order}
+    context = multiprocessing.get_context("fork")
+    messages = context.Queue()
+    with context.Pool(min(jobs, len(order)), initializer=_init_child, initargs=(messages,)) as pool:
+        stop = threading.Event()
+        drain = threading.Thread(target=_drain, args=(messages, progress, stop), daemon=True)
+        drain.start()
+        try:
+            results = dict(pool.imap_unordered(_Call(task), order))
+        finally:
+            stop.set()
+            drain.join()
+    failed = {p: r for p, r in results.items() if isinstance(r, _Failure)}
+    if failed:
+        partition, failure = min(failed.items())
+        raise ShardFailed(f"partition {partition}: {failure.error}")
+    return {p: r for p, r in results.items() if not isinstance(r, _Failure)}
+
+
+class _Failure:
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+class _Call:
+    """The picklable callable a pool process runs for one partition."""
+
+    def __init__(self, task: Task[Any]) -> None:
+        self.task = task
+
+    def __call__(self, partition: int) -> tuple[int, Any]:
+        sent = [0]
+
+        def report(p: int, records: int) -> None:
+            sent[0] += records
+            if sent[0] >= FLUSH_EVERY:
+                _progress_queue.put((p, sent[0]))
+                sent[0] = 0
+
+        try:
+            result: Any = asyncio.run(self.task(partition, report))
+        except Exception as exc:  # picklable whatever the exception was
+            return partition, _Failure(f"{type(exc).__name__}: {exc}")
+        finally:
+            if sent[0]:
+                _progress_queue.put((partition, sent[0]))
+        return partition, result
+
+
+def _init_child(messages: Any) -> None:
+    global _progress_queue
+    _progress_queue = messages
+
+
+def _drain(messages: Any, progress: Progress | None, stop: threading.Event) -> None:
+    while not stop.is_set() or not messages.empty():
+        try:
+            partition, records = messages.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        if progress is not None:
+            progress(partition, records)
+
+
+def _ignore(partition: int, records: int) -> None:
+    return None
+
+
+def sizes_of(spans: Iterable[Any]) -> dict[int, int]:
+    """partition -> records to read, from `log_reader.Span`s."""
+    return {span.partition: span.size for span in spans}

@@ -1,0 +1,109 @@
+"""A what-if report gathered turn by turn, in bounded memory (DESIGN §8 "Readers at scale"). Pure.
+
+A what-if of a year of history compares hundreds of thousands of turns. `TurnTally` compares each one as the
+recorder closes it (`TurnRecorder(on_turn=...)`) and keeps only what the report needs: counts by status, the
+live → candidate matrix, the distinct new System One questions (`--ask` needs them), the live versions seen (for
+the configuration diff), and the rows of the first `cap` changed and `cap` unchanged turns; the others are
+counted. Tallies of different partitions (other processes) merge into one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from projections.whatif import (
+    Answers,
+    Question,
+    RecordedTurn,
+    Report,
+    TurnComparison,
+    compare_turn,
+    config_diff,
+)
+from schemas.config import RouterConfig
+from schemas.configs import ConfigDocument
+
+ROW_CAP = 1000
+"""Rows listed of each kind (changed, unchanged); beyond that turns are counted, not listed."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which recorded turns a what-if compares: started at or after `from_ms`, of one account or conversation."""
+
+    from_ms: int | None = None
+    account_id: int | None = None
+    key: str | None = None
+
+    def __call__(self, turn: RecordedTurn) -> bool:
+        return (
+            (self.from_ms is None or turn.started_ms >= self.from_ms)
+            and (self.account_id is None or turn.account_id == self.account_id)
+            and (self.key is None or turn.key == self.key)
+        )
+
+
+@dataclass
+class TurnTally:
+    """Each selected turn compared under `candidate` as it ends; the report's counts and capped rows kept."""
+
+    candidate: RouterConfig
+    answers: Answers = field(default_factory=dict)
+    selection: Selection = field(default_factory=Selection)
+    cap: int = ROW_CAP
+    counts: Counter[str] = field(default_factory=Counter)
+    cells: Counter[tuple[str, str]] = field(default_factory=Counter)
+    rows: list[TurnComparison] = field(default_factory=list)
+    bank: dict[str, Question] = field(default_factory=dict)
+    lives: dict[str, ConfigDocument] = field(default_factory=dict)
+    undecided: int = 0
+    unlisted: int = 0
+    kept: Counter[bool] = field(default_factory=Counter)  # rows listed: unchanged (True) and the others
+
+    def __call__(self, turn: RecordedTurn) -> None:
+        if self.selection(turn):
+            self.add(turn.live, compare_turn(turn, self.candidate, self.answers))
+
+    def add(self, live: ConfigDocument, compared: TurnComparison) -> None:
+        self.counts[compared.status] += 1
+        target = compared.candidate.outcome if compared.candidate is not None else "needs a new decision"
+        self.cells[(compared.live.outcome, target)] += 1
+        if compared.status == "needs_decision" and compared.question is not None:
+            self.bank.setdefault(compared.question.digest, compared.question)
+        self.lives.setdefault(live.version, live)
+        self._keep(compared)
+
+    def _keep(self, row: TurnComparison) -> None:
+        unchanged = row.status == "unchanged"
+        if self.kept[unchanged] < self.cap:
+            self.kept[unchanged] += 1
+            self.rows.append(row)
+        else:
+            self.unlisted += 1
+
+    def merge(self, other: TurnTally) -> None:
+        """Add another partition's tally (its rows after these, up to the caps)."""
+        self.counts.update(other.counts)
+        self.cells.update(other.cells)
+        for digest, question in other.bank.items():
+            self.bank.setdefault(digest, question)
+        for version, document in other.lives.items():
+            self.lives.setdefault(version, document)
+        self.undecided += other.undecided
+        self.unlisted += other.unlisted
+        for row in other.rows:
+            self._keep(row)
+
+    def report(self, candidate_version: str) -> Report:
+        diffs = {v: config_diff(doc.config, self.candidate) for v, doc in sorted(self.lives.items())}
+        return Report(
+            candidate_version,
+            sorted(self.rows, key=lambda t: t.at_ms),
+            diffs,
+            undecided=self.undecided,
+            counts=dict(self.counts),
+            cells=dict(self.cells),
+            bank=dict(self.bank),
+            unlisted=self.unlisted,
+        )
