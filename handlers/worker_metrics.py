@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from projections.guard import STUCK_AFTER_FAILURES
 from schemas.records import EffectOutcome, TurnOutcome
 
-STUCK_AFTER_FAILURES = 3
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from projections.fold import DEFAULT_RETRY_BASE_MS, fold_parts
+from projections.guard import STUCK_AFTER_FAILURES
 from projections.log_scan import conversation_scan
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
@@ -22,7 +23,6 @@ from schemas.records import EffectOutcome, TurnOutcome
 from schemas.state import ConversationState
 
 HOUR_MS = 3_600_000
-STUCK_AFTER_FAILURES = 3  # as handlers.worker_metrics: three or more failed runs in a row
 # results that only confirm, postpone or retry a turn; the others end it
 QUIET_RESULTS = ("nothing", "deferred", "retry")
 RECENT = 50

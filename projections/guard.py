@@ -42,6 +42,11 @@ def observe_status(g: TurnGuard, status: str) -> TurnGuard:
     return g
 
 
+STUCK_AFTER_FAILURES = 3
+"""A conversation is stuck while its runs keep failing: this many failed runs in a row (Decisions 9), for the
+worker's `/stuck` and the console alike."""
+
+
 def record_failure(g: TurnGuard) -> TurnGuard:
     """§4.5: count a processing failure; the third one turns on handoff mode."""
     failures = g.failures + 1
