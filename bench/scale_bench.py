@@ -363,7 +363,9 @@ def console_first_page(
     return Result(label, seconds, *mb, rate, rate / raw_rate, peak.processes, note, children_cpu() - cpu)
 
 
-def measure(bootstrap: str, built: Built, env: dict[str, str], args: argparse.Namespace, workdir: Path) -> list[Result]:
+def measure(
+    bootstrap: str, built: Built, env: dict[str, str], args: argparse.Namespace, workdir: Path, rebuilt: str | None
+) -> list[Result]:
     code_dir = Path(args.code_dir).resolve()
     wanted = set(args.only.split(",")) if args.only else set(COMMANDS)
     jobs = ["--jobs", str(args.jobs)] if args.jobs else []
@@ -380,7 +382,9 @@ def measure(bootstrap: str, built: Built, env: dict[str, str], args: argparse.Na
         results.append(result)
         print(show(result), flush=True)
 
-    if wanted & {"replay", "verify", "audit", "audit-verify"}:  # these read what the rebuild wrote
+    if rebuilt is not None:  # an app an earlier run rebuilt (`--rebuilt`): its table is read, nothing rebuilt
+        new_app, new_env = rebuilt, {**env, "ROUTER_APP_ID": rebuilt}
+    elif wanted & {"replay", "verify", "audit", "audit-verify"}:  # these read what the rebuild wrote
         step("replay state --to-app", env, "replay", "state", "--to-app", new_app, *jobs)
     else:  # what-if and the console need no table: the built app itself
         new_app, new_env = built.app_id, env
@@ -435,19 +439,21 @@ def main() -> None:
     parser.add_argument("--only", help=f"a comma-separated subset of {','.join(COMMANDS)}")
     parser.add_argument("--jobs", type=int, help="passed as --jobs N to the commands that take it")
     parser.add_argument("--app-id", action="append", help="measure an app built earlier instead (one per size)")
+    parser.add_argument("--rebuilt", action="append", help="with --app-id: its app rebuilt earlier (skips the rebuild)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="scale-bench-"))
     runs: list[tuple[int, list[Result]]] = []
     targets: list[Any] = args.app_id or args.records or [100_000]
-    for target in targets:
+    for index, target in enumerate(targets):
         built, env = (
             existing(args.bootstrap, target, workdir)
             if args.app_id
             else build(args.bootstrap, target, args.interleave, workdir)
         )
         print(f"\n== {built.records:,} records ({built.app_id}), code from {args.code_dir}", flush=True)
-        runs.append((built.records, measure(args.bootstrap, built, env, args, workdir)))
+        rebuilt = args.rebuilt[index] if args.rebuilt else None
+        runs.append((built.records, measure(args.bootstrap, built, env, args, workdir, rebuilt)))
     if len(runs) >= 2:
         growth(runs[0][1], runs[-1][1], (runs[0][0], runs[-1][0]))
     if args.json:

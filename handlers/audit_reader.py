@@ -18,7 +18,7 @@ from typing import Any
 
 from handlers.kafka_io import topic_partitions
 from handlers.kafka_topics import changelog_topic
-from handlers.log_reader import Plan, Progress, Records, Share, key_shares, plan, read
+from handlers.log_reader import Plan, Progress, Records, Share, key_shares, last_of, plan, read
 from projections.log_scan import History, LogScan
 from projections.rebuild import TableBuilder
 from projections.verify import Verified, diff_states
@@ -89,9 +89,24 @@ def start_of(state: ConversationState | None) -> Start | None:
     return Start(state.first_offset, state.first_version)
 
 
+async def live_state(bootstrap: str, app_id: str, partition: int, key: str) -> ConversationState | None:
+    """One conversation's live value, read backwards from the end of its changelog partition (`last_of`: no scan
+    of the partition's other conversations when it changed recently)."""
+    topic = changelog_topic(app_id, STATE_TABLE)
+    record = await last_of(bootstrap, topic, partition, {json.dumps(key).encode(), key.encode()})
+    if record is None or record.value is None:
+        return None
+    return ConversationState.model_validate_json(record.value)
+
+
 async def starts(bootstrap: str, app_id: str, partition: int, keys: Collection[str]) -> dict[str, Start]:
-    """The recorded start of each of `keys` that the live table knows (one changelog partition read)."""
+    """The recorded start of each of `keys` that the live table knows."""
     found = {}
+    if len(keys) == 1:
+        (key,) = keys
+        state = await live_state(bootstrap, app_id, partition, key)
+        start = start_of(state)
+        return {key: start} if start is not None else {}
     for key, state in (await live_states(bootstrap, app_id, partition, keys)).items():
         start = start_of(state)
         if start is not None:
@@ -172,14 +187,16 @@ async def verify_partition(job: VerifyJob, partition: int, progress: Progress | 
         part = Verified(conversations=len(builder.states), undecodable=builder.undecodable)
         part.add(diff_states(builder.states, live))
         verified.merge(part)
+        del builder, live, fold  # this pass's states go before the next pass folds its own
     return verified
 
 
 async def _verify_one(job: VerifyJob, partition: int, planned: Plan, progress: Progress | None) -> Verified:
     assert job.only_key is not None
     builder = TableBuilder(job.book, legacy=job.legacy)
-    live = await live_states(job.bootstrap, job.app_id, partition, [job.only_key])
-    start = start_of(live.get(job.only_key))
+    found = await live_state(job.bootstrap, job.app_id, partition, job.only_key)
+    live = {job.only_key: found} if found is not None else {}
+    start = start_of(found)
     if start is not None and start.offset > planned.spans[0].start:
         planned = planned.starting({partition: start.offset})
         builder.conversations.resume(partition, start.version)

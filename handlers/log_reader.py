@@ -206,6 +206,29 @@ async def read(
     return total
 
 
+async def last_of(
+    bootstrap: str, topic: str, partition: int, keys: Collection[bytes], *, chunk: int = 2000
+) -> ConsumerRecord[bytes, bytes] | None:
+    """The last record with one of `keys` in the partition (a table's current value, from its changelog), read
+    backwards from the end in growing chunks: a recently written key is found in the first chunk however long the
+    changelog is; only a key last written long ago costs a longer read. None when there is none (or no topic)."""
+    try:
+        span = (await plan(bootstrap, topic, partitions=[partition])).span(partition)
+    except (LookupError, StopIteration):
+        return None
+    high = span.end
+    async with log_consumer(bootstrap) as consumer:
+        while high > span.start:
+            low = max(span.start, high - chunk)
+            found = None
+            async for batch in batches(consumer, Span(topic, partition, low, high), keys=keys):
+                found = batch[-1]
+            if found is not None:
+                return found
+            high, chunk = low, chunk * 2
+    return None
+
+
 async def read_span(
     consumer: AIOKafkaConsumer,
     span: Span,

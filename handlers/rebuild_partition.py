@@ -76,6 +76,7 @@ async def rebuild_partition(job: RebuildJob, partition: int, progress: Progress)
             conversations += len(builder.states)
             in_flight += builder.runs_in_flight()
             undecodable += builder.undecodable
+            del builder, fold  # this pass's states go before the next pass folds its own
         if job.delete_stale:
             await delete_stale(job.bootstrap, job.target_app, producer, partition, written)
     return PartitionRebuilt(copied, records, conversations, in_flight, undecodable)

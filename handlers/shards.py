@@ -6,8 +6,8 @@ largest partitions first. Each task runs its own event loop, consumer and produc
 small picklable result (counts, a capped list of rows); its progress (records read) comes back over a queue to
 the parent, which shows it. With `jobs == 1` the tasks run one after the other in this process.
 
-Processes are forked before any thread of the parent starts (the pool starts them all at once), and outside any
-running event loop, so a child starts clean.
+The pool forks its processes when it starts, before this module starts its own thread; a child's event loop is
+its own (asyncio ignores a running loop inherited across a fork) and its signals are reset to the defaults.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import asyncio
 import multiprocessing
 import os
 import queue
+import signal
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
@@ -97,8 +98,14 @@ class _Call:
 
 
 def _init_child(messages: Any) -> None:
+    """A pool process starts with the signal handling of a plain process: the parent's asyncio loop (the
+    console's) set a wakeup descriptor for its own SIGTERM handler, and a child writing to it when the pool ends
+    it would stop the parent."""
     global _progress_queue
     _progress_queue = messages
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _drain(messages: Any, progress: Progress | None, stop: threading.Event) -> None:

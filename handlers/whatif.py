@@ -93,6 +93,7 @@ async def whatif_partition(job: WhatifJob, partition: int, progress: Progress | 
 
         await read(job.bootstrap, planned.spans, fold, progress=progress)
         tally.undecided += recorder.undecided
+        del recorder, fold  # this pass's states go before the next pass folds its own
     return tally
 
 

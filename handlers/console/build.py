@@ -20,7 +20,7 @@ from schemas.config import RouterConfig
 from schemas.configs import ConfigBook
 
 SMALL_READ = 50_000  # records: below this the tail folds the log itself, in the console's own process
-COMMIT_EVERY = 5_000  # changed conversations written at a time
+COMMIT_EVERY = 2_000  # changed conversations written at a time (they stay in memory until then)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from schemas.records import MARKER_KEY, parse_marker
 MARKER = MARKER_KEY.encode()
 TIMELINES = 32  # conversations whose timelines are kept (and followed live)
 COMMIT_EVERY_S = 2.0
-COMMIT_EVERY = 20_000  # changed conversations
+COMMIT_EVERY = 5_000  # changed conversations (held in memory until committed)
 
 
 @dataclass

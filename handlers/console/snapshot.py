@@ -24,7 +24,7 @@ from projections.console_overview import ConversationSummary, Ending, OverviewCo
 from schemas.state import ConversationState
 
 FORMAT = 1  # bumped when what is stored changes: an older snapshot is rebuilt
-CACHED = 20_000  # decoded summaries kept in memory
+CACHED = 3_000  # decoded summaries kept in memory: the conversations in flight, not all of them
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@ capped verify report, the what-if tally and the sharding of partitions over proc
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import io
+import signal
 
 from handlers.read_progress import ReadProgress
 from handlers.shards import run_sharded
@@ -137,3 +139,18 @@ def test_partitions_are_shared_out_over_processes_with_their_progress() -> None:
     assert run_sharded(task, sizes, jobs=2, progress=progress) == {0: 100, 1: 102, 2: 104}
     assert run_sharded(task, sizes, jobs=1) == {0: 100, 1: 102, 2: 104}
     assert seen == {0: 1, 1: 2, 2: 3}
+
+
+async def test_a_pool_of_processes_never_wakes_the_parents_signal_handlers() -> None:
+    """The console stops on SIGTERM (an asyncio signal handler); the pool's processes, forked from it and ended
+    with SIGTERM by the pool, must not reach that handler through the inherited wakeup descriptor."""
+    loop = asyncio.get_running_loop()
+    woke: list[int] = []
+    loop.add_signal_handler(signal.SIGTERM, lambda: woke.append(1))
+    try:
+        task = functools.partial(_double, 0)
+        assert await asyncio.to_thread(run_sharded, task, {0: 1, 1: 1, 2: 1}, 2) == {0: 0, 1: 2, 2: 4}
+        await asyncio.sleep(0.3)
+        assert woke == []
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
