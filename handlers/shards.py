@@ -28,6 +28,12 @@ Task = Callable[[int, Progress], Coroutine[Any, Any, T]]
 
 _progress_queue: Any = None  # the child's end of the progress queue (set by the pool's initializer)
 FLUSH_EVERY = 5000  # records between two progress messages from a child
+SMALL_READ = 20_000  # records: below this a pool of processes costs more than it saves
+
+
+def jobs_for(records: int, jobs: int | None) -> int:
+    """The processes to use for a read of `records` records: `jobs` (default the cores), one for a small read."""
+    return 1 if records < SMALL_READ else (jobs or default_jobs())
 
 
 class ShardFailed(RuntimeError):

@@ -33,10 +33,8 @@ from handlers.kafka_topics import ensure_app_topics
 from handlers.log_reader import plan
 from handlers.read_progress import ReadProgress
 from handlers.rebuild_partition import SOURCE_TOPICS, PartitionRebuilt, RebuildJob, passes, rebuild_partition
-from handlers.shards import default_jobs, run_sharded
+from handlers.shards import jobs_for, run_sharded
 from projections.log_scan import History
-
-SMALL_READ = 20_000  # records: below this a pool of processes costs more than it saves
 
 
 class RebuildRefused(Exception):
@@ -166,9 +164,7 @@ async def rebuild(
         copy=to_app is not None,
         delete_stale=to_app is None,
     )
-    jobs = jobs or default_jobs()
-    if sum(sizes.values()) < SMALL_READ:
-        jobs = 1
+    jobs = jobs_for(sum(sizes.values()), jobs)
     reads = {p: n * (passes(n) + (1 if to_app is not None else 0)) for p, n in sizes.items()}  # copy, fold passes
     progress = ReadProgress("replay state", reads) if show_progress else None
     try:

@@ -31,7 +31,7 @@ from handlers.config_store import read_book
 from handlers.console.render import render_conversation
 from handlers.log_reader import key_shares
 from handlers.read_progress import ReadProgress
-from handlers.shards import ShardFailed, default_jobs, run_sharded
+from handlers.shards import ShardFailed, jobs_for, run_sharded
 from projections.audit import LogReplay, render_text
 from projections.console_model import ConsoleModel
 from projections.log_scan import History, LogScan
@@ -43,7 +43,6 @@ from streams.config_cmd import env_or_exit
 __all__ = ["_table_key", "diff_states", "run"]
 
 _table_key = table_key  # kept under its old name (tests import it from here)
-SMALL_READ = 20_000  # records: below this a pool of processes costs more than it saves
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,9 +144,7 @@ def verify(
         planned = asyncio.run(verify_plan(bootstrap, app_id))
         say_partial(planned.history)
         sizes = {span.partition: span.size for span in planned.spans}
-        jobs = args.jobs or default_jobs()
-        if planned.records < SMALL_READ:
-            jobs = 1
+        jobs = jobs_for(planned.records, args.jobs)
         progress = ReadProgress("audit --verify", {p: n * len(key_shares(n)) for p, n in sizes.items()})
         try:
             parts = run_sharded(functools.partial(verify_partition, job), sizes, jobs, progress)

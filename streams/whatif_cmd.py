@@ -28,7 +28,7 @@ from aiokafka.errors import KafkaError
 from handlers.config_store import read_book
 from handlers.log_reader import Plan, key_shares, plan
 from handlers.read_progress import ReadProgress
-from handlers.shards import ShardFailed, default_jobs, run_sharded
+from handlers.shards import ShardFailed, jobs_for, run_sharded
 from handlers.systemone import SystemOneClient
 from handlers.whatif import DEFAULT_CACHE_DIR, DEFAULT_CONCURRENCY, AnswerCache, WhatifJob, ask, whatif_partition
 from projections.whatif import Report
@@ -42,7 +42,6 @@ from streams.config_cmd import EXIT_INVALID_CONFIG, env_or_exit, fail
 _DURATION = re.compile(r"([0-9]{1,9})([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 _CONVERSATION = re.compile(r"[1-9][0-9]{0,15}:[1-9][0-9]{0,15}")
-SMALL_READ = 20_000  # records: below this a pool of processes costs more than it saves
 
 
 def duration_s(text: str) -> int:
@@ -126,9 +125,7 @@ async def _ask(
 def replay(job: WhatifJob, planned: Plan, jobs: int | None) -> TurnTally:
     """Every planned partition's tally, `jobs` partitions at a time, merged in partition order."""
     sizes = {span.partition: span.size for span in planned.spans}
-    processes = jobs or default_jobs()
-    if planned.records < SMALL_READ or job.selection.key is not None:
-        processes = 1
+    processes = 1 if job.selection.key is not None else jobs_for(planned.records, jobs)
     progress = ReadProgress("whatif", {p: n * len(key_shares(n)) for p, n in sizes.items()})
     try:
         parts = run_sharded(functools.partial(whatif_partition, job), sizes, processes, progress)

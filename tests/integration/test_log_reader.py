@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from handlers.console.sources import LogTail
 from handlers.kafka_topics import ensure_app_topics
 from handlers.log_reader import plan, read
 from handlers.state_rebuild import rebuild
-from handlers.whatif import WhatifJob, whatif_partition
+from handlers.whatif import CLOCK_SKEW_MS, WhatifJob, whatif_partition, window_keys
 from projections.audit import LogReplay, render_text
 from projections.console_model import ConsoleModel
 from projections.whatif_tally import Selection
@@ -317,3 +318,37 @@ async def test_a_first_start_on_a_long_log_builds_the_snapshot_one_partition_per
         console.snapshot.close()
     loaded = Snapshot(path, f"{app_id}.conversations").load()
     assert loaded is not None and loaded.counts.overview(0) == full.overview(0)
+
+
+async def test_whatif_since_reads_only_the_conversations_of_the_window(kafka_bootstrap: str, app_id: str) -> None:
+    """The window is found by the records' timestamps; only its conversations are folded (from their start), and
+    their turns are those a full read finds for them."""
+    first_ms = min(json.loads(r)["at_ms"] for _, records in demo_records() for r in records)  # the demo's day
+    await ensure_app_topics(kafka_bootstrap, app_id, PARTITIONS)
+    await fill(kafka_bootstrap, app_id, 4, timestamp_ms=first_ms - 3 * 86_400_000, first_id=800)
+    document, _ = await applied_log(kafka_bootstrap, app_id, 0)
+    new = await fill(kafka_bootstrap, app_id, 3, timestamp_ms=first_ms, first_id=900)
+    book, topic = ConfigBook([document]), f"{app_id}.conversations"
+    since = first_ms - 86_400_000  # every recorded turn starts after it; only the new records are stamped after it
+
+    keys_of_window: set[bytes] = set()
+    for p in range(PARTITIONS):
+        keys_of_window |= await window_keys(kafka_bootstrap, topic, p, since - CLOCK_SKEW_MS)
+    assert keys_of_window - {b"config"} == {k.encode() for k in new}
+
+    windowed = WhatifJob(kafka_bootstrap, topic, book, document.config, Selection(from_ms=since), window=True)
+    compared = [await whatif_partition(windowed, p) for p in range(PARTITIONS)]
+    expected: Counter[str] = Counter()
+    for key in new:
+        one = WhatifJob(kafka_bootstrap, topic, book, document.config, Selection(key=key))
+        for p in range(PARTITIONS):
+            expected.update((await whatif_partition(one, p)).counts)
+    everything = [
+        await whatif_partition(WhatifJob(kafka_bootstrap, topic, book, document.config, Selection()), p)
+        for p in range(PARTITIONS)
+    ]
+    got: Counter[str] = Counter()
+    for tally in compared:
+        got.update(tally.counts)
+    assert got == expected and sum(got.values()) > 0
+    assert sum(sum(t.counts.values()) for t in everything) > sum(got.values())  # the old conversations were left out
