@@ -267,12 +267,12 @@ def _undone(
     return undone
 
 
-def check_mutations(
-    ev: Evidence, calls: dict[str, list[dict[str, Any]]]
-) -> tuple[list[Violation], list[dict[str, Any]]]:
-    """Router mutations that undid a person's change: stale ones (violations) and §12.1 races (info)."""
-    stale: list[Violation] = []
-    raced: list[dict[str, Any]] = []
+def _timelines(
+    ev: Evidence, calls: dict[str, list[dict[str, Any]]], ops: Iterable[str]
+) -> Iterable[tuple[str, list[tuple[int, str, dict[str, Any]]]]]:
+    """Per conversation in scope: its applied bot-token calls of `ops` ("mutation"), its successful
+    `get_conversation` reads ("read") and the people's actions ("person"), in the sandbox's order."""
+    wanted = frozenset(ops)
     actions: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for action in ev.person_actions:
         actions[f"{action['account_id']}:{action['conversation_id']}"].append(action)
@@ -281,12 +281,22 @@ def check_mutations(
         for call in calls.get(key, []):
             if "applied_seq" not in call or not call.get("applied"):
                 continue
-            if call["op"] in MUTATIONS and call.get("token") == "bot":
+            if call["op"] in wanted and call.get("token") == "bot":
                 timeline.append((call["applied_seq"], "mutation", call))
             elif call["op"] == "get_conversation" and 200 <= (call.get("status") or 0) < 300:
                 timeline.append((call["applied_seq"], "read", call))
         timeline += [(a["seq"], "person", a) for a in actions.get(key, [])]
         timeline.sort(key=lambda item: item[0])
+        yield key, timeline
+
+
+def check_mutations(
+    ev: Evidence, calls: dict[str, list[dict[str, Any]]]
+) -> tuple[list[Violation], list[dict[str, Any]]]:
+    """Router mutations that undid a person's change: stale ones (violations) and §12.1 races (info)."""
+    stale: list[Violation] = []
+    raced: list[dict[str, Any]] = []
+    for key, timeline in _timelines(ev, calls, MUTATIONS):
         owned: dict[str, tuple[Any, dict[str, Any]]] = {}
         added: dict[str, dict[str, Any]] = {}
         removed: dict[str, dict[str, Any]] = {}
@@ -364,20 +374,7 @@ def check_late_mutations(ev: Evidence, calls: dict[str, list[dict[str, Any]]]) -
     router acted on a conversation that was no longer its own). A customer message that gives the conversation
     back to the bot starts a new turn: what people did before it no longer counts."""
     late: list[Violation] = []
-    actions: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for action in ev.person_actions:
-        actions[f"{action['account_id']}:{action['conversation_id']}"].append(action)
-    for key in ev.scope:
-        timeline: list[tuple[int, str, dict[str, Any]]] = []
-        for call in calls.get(key, []):
-            if "applied_seq" not in call or not call.get("applied"):
-                continue
-            if call["op"] in BOT_OPS and call.get("token") == "bot":
-                timeline.append((call["applied_seq"], "mutation", call))
-            elif call["op"] == "get_conversation" and 200 <= (call.get("status") or 0) < 300:
-                timeline.append((call["applied_seq"], "read", call))
-        timeline += [(a["seq"], "person", a) for a in actions.get(key, [])]
-        timeline.sort(key=lambda item: item[0])
+    for key, timeline in _timelines(ev, calls, BOT_OPS):
         last_read: dict[str, Any] | None = None
         person: dict[str, Any] | None = None
         for _seq, kind, item in timeline:
