@@ -6,6 +6,10 @@ reach a mutation before the router agent has folded the webhook that shows a per
 while the partition had no owner: the state it admits the command against is then behind the log. So the head
 (end offset) of each owned `conversations` partition is taken at assignment, and a mutation of that partition
 waits until the fold has passed it; only then is its run's state as new as the log the worker found.
+
+A head that could not be looked up at assignment (a broker away) is not a reason to skip the wait: the partition
+counts as behind until a later lookup (`learn_heads`) finds it, and its mutations wait at most until their fresh
+read's bound runs out, then read again.
 """
 
 from __future__ import annotations
@@ -26,11 +30,22 @@ class CatchUp:
 
     def assign(self, owned: frozenset[int], heads: Mapping[int, int], starts: Mapping[int, int]) -> None:
         """A rebalance ended: the `owned` partitions, their end offsets now (`heads`) and where the fold resumes
-        (`starts`). An owned partition whose head is unknown is not waited for (nothing better to wait on)."""
+        (`starts`). An owned partition whose head is unknown is behind until `learn_heads` gives it."""
         self.revoke()
         self._owned = owned
         self._heads = dict(heads)
         self._folded = dict(starts)
+
+    def unknown(self) -> frozenset[int]:
+        """The owned partitions whose head has not been looked up yet."""
+        return frozenset(p for p in (self._owned or ()) if p not in self._heads)
+
+    def learn_heads(self, heads: Mapping[int, int]) -> None:
+        """Heads looked up after the assignment (the lookup then failed); a partition no longer owned is ignored."""
+        for partition, head in heads.items():
+            if self._owned is not None and partition in self._owned and partition not in self._heads:
+                self._heads[partition] = head
+                self.advanced(partition, self._folded.get(partition, 0))
 
     def revoke(self) -> None:
         """Partitions move: nothing is caught up until the next assignment; every waiter wakes and gives up."""
@@ -54,10 +69,11 @@ class CatchUp:
         if self._owned is None:
             return True
         head = self._heads.get(partition)
-        return partition in self._owned and (head is None or self._folded.get(partition, 0) >= head)
+        return partition in self._owned and head is not None and self._folded.get(partition, 0) >= head
 
     def behind(self, partition: int) -> int:
-        """How many records of the head seen at assignment the fold has still to apply (0 when caught up)."""
+        """How many records of the head seen at assignment the fold has still to apply (0 when caught up or when
+        the head is not known yet)."""
         head = self._heads.get(partition)
         return 0 if head is None else max(0, head - self._folded.get(partition, 0))
 

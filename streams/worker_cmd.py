@@ -3,7 +3,9 @@
 Refuses to start on an invalid configuration or environment (exit 2, the key path on stderr). Creates the
 topics if they are missing (waiting for the broker as long as it takes, one log line per attempt), then runs
 until SIGINT/SIGTERM, when Faust stops the agents, flushes the producer and commits offsets. Losing the broker
-at any moment is never a reason to exit.
+at any moment is never a reason to exit: a Kafka error that fails Faust's own start (a node of the cluster down
+and not fenced yet, addressed by a request that does not try the others) starts the worker again in the same
+process (`exec`), after the same pause as the broker wait.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 import threading
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from handlers.config_store import apply as apply_config
 from handlers.config_store import ensure_configs_topic, read_book
@@ -138,7 +142,7 @@ def wait_for_kafka(settings: Settings, env: WorkerEnv) -> tuple[int, ConfigBook]
 
 
 def run(args: argparse.Namespace) -> int:
-    import faust
+    from streams.worker.faust_worker import RouterWorker  # Faust is imported only by the command that runs it
 
     settings = load_or_exit(args.config)
     env = env_or_exit()
@@ -153,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     worker_app = build_worker(
         settings, env, web_host=args.web_host, web_port=args.web_port, replication_factor=replication, book=book
     )
-    worker = faust.Worker(
+    worker = RouterWorker(
         worker_app.app,
         loop=loop,
         quiet=True,
@@ -161,5 +165,40 @@ def run(args: argparse.Namespace) -> int:
         redirect_stdouts=False,
         logging_config=logging_config(args.log_level),
     )
-    worker.execute_from_commandline()  # raises SystemExit when the worker stops
+    try:
+        worker.execute_from_commandline()  # raises SystemExit when the worker stops
+    except SystemExit as stopped:
+        error = worker.start_error or worker.crash_reason
+        if stopped.code and is_broker_fault(error) and not stop_requested(BROKER_RETRY_S):
+            start_again(error)
+        raise
     return 0
+
+
+def is_broker_fault(error: BaseException | None) -> bool:
+    """A Kafka error (or a connection failure) while Faust starts: a broker fault, not a fault of this worker."""
+    return isinstance(error, KafkaError | ConnectionError | asyncio.TimeoutError)
+
+
+def stop_requested(seconds: float) -> bool:
+    """Wait `seconds`; whether SIGINT/SIGTERM arrived meanwhile (then the worker exits instead of starting again)."""
+    stop = threading.Event()
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum in previous:
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        return stop.wait(seconds)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def start_again(error: BaseException | None) -> None:
+    """Replace this process by a fresh start of the same command: Faust's app cannot start twice in one process,
+    and a supervisor should not see an exit for what is the broker's fault."""
+    log.warning(
+        "kafka failed the worker's start; starting again",
+        extra={"error_type": type(error).__name__, "error": str(error)[:200]},
+    )
+    logging.shutdown()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])

@@ -57,6 +57,7 @@ BROKER_RETRY_PROBE_S = 0.5  # ... and while it does not: /healthz turns 200 with
 BROKER_PROBE_TIMEOUT_S = 1.6
 SHUTDOWN_DRAIN_S = 5.0
 REVOKE_DRAIN_S = 5.0
+HEADS_RETRY_S = 1.0  # how often the heads an assignment could not look up are asked for again
 SESSION_TIMEOUT_S = 15.0
 COMMIT_INTERVAL_S = 1.0
 """The write cache is written and the offsets committed at least this often (docs/architecture.md "The commit
@@ -92,6 +93,7 @@ class WorkerApp:
         own = ConfigDocument.of(settings.config, FoldSettings(retry_base_ms=env.retry_base_ms))
         self.reader = PartitionReader(env.bootstrap, env.app_id)
         self.cluster_probe = ClusterProbe(env.bootstrap)  # its own client: a long partition read never delays it
+        self._heads_lookup: asyncio.Future[None] | None = None
         self.tails = TailWatch()
         self.broker_ok = True
         self.app = faust.App(
@@ -209,6 +211,8 @@ class WorkerApp:
         await self.service.commit_cache()  # what was folded is durable before the offsets are committed at stop
         await self.service.lanes.close()
         await self.service.executor.aclose()
+        if self._heads_lookup is not None:
+            self._heads_lookup.cancel()
         await self.reader.close()
         await self.cluster_probe.close()
 
@@ -236,15 +240,36 @@ class WorkerApp:
             starts = {}
         try:
             heads = await self.reader.heads(conversations)
-        except Exception as exc:  # mutations then do not wait for the fold to catch up (as before)
+        except Exception as exc:  # the partitions count as behind until a later lookup finds their heads
             log.warning("partition heads unknown after assignment", extra={"error_type": type(exc).__name__})
             heads = {}
         self.service.offsets.assign(owned, starts)
         self.service.catch_up.assign(
             frozenset(partition for _, partition in conversations),
             {tp[1]: offset for tp, offset in heads.items()},
-            {tp[1]: offset for tp, offset in starts.items() if tp in heads},
+            {tp[1]: offset for tp, offset in starts.items() if tp[0] == self.env.topic("conversations")},
         )
+        if self._heads_lookup is not None:
+            self._heads_lookup.cancel()
+        if self.service.catch_up.unknown():
+            self._heads_lookup = asyncio.ensure_future(self._look_up_heads_again(conversations))
+
+    async def _look_up_heads_again(self, conversations: list[tuple[str, int]]) -> None:
+        """Until the heads an assignment could not look up are known (or the partitions move): until then those
+        partitions' mutations wait, at most until their fresh read is too old, and are then read again."""
+        catch_up = self.service.catch_up
+        while catch_up.unknown():
+            await asyncio.sleep(HEADS_RETRY_S)
+            wanted = [tp for tp in conversations if tp[1] in catch_up.unknown()]
+            if not wanted:
+                return
+            try:
+                heads = await self.reader.heads(wanted)
+            except Exception as exc:  # still away: the next attempt comes HEADS_RETRY_S later
+                log.warning("partition heads still unknown", extra={"error_type": type(exc).__name__})
+                continue
+            catch_up.learn_heads({tp[1]: offset for tp, offset in heads.items()})
+            log.info("partition heads known again", extra={"partitions": len(heads)})
 
     # --- the timer tick and the leader's sweeps ----------------------------------------------------------
 

@@ -496,3 +496,31 @@ def test_a_broker_that_stays_away(whole: Routed) -> None:
     one_node = refusals_between(attempts, one_down, one_down_end)
     assert one_node.refused == 0, one_node
     print("\n" + "\n".join([*lines, f"one node away: {one_node.describe(one_down)}", summary(attempts)]))
+
+
+@pytest.mark.timeout(600)
+def test_a_worker_started_while_a_node_is_down_starts_instead_of_exiting(whole: Routed) -> None:
+    """Seen in kill loop 607: a worker started while node 3 was down exited 1 from Faust's own start (a request
+    sent to that one node, `NodeNotReadyError`, before the controller fenced it). Each node in turn is killed and a
+    worker started at once: it must come up in the same process (a broker fault is never a reason to exit) and
+    route, and every conversation of the test ends."""
+    routed = whole
+    worker = routed.workers[1]
+    lines = []
+    with routed.feed(new_per_s=2.0, follow_ups_per_s=5.0) as feed:
+        flowing(routed, 10)
+        for index, node in enumerate(routed.cluster.nodes):
+            worker.stop()
+            routed.faults.kill(index)
+            started = time.time()
+            worker.start()
+            pid = worker.pid
+            wait_until(f"a worker started while node {node.node_id} is down healthy", routed.all_healthy, 120, 0.5)
+            assert worker.pid == pid and worker.alive()  # `all_healthy` asserts it never exited meanwhile
+            lines.append(f"node {node.node_id} down: the worker started healthy after {time.time() - started:.1f} s")
+            routed.faults.restart(index)
+            routed.cluster.wait_in_sync(120)
+        flowing(routed, 20)
+    settle(routed, feed.conversations)
+    starts_again = worker.log_tail(100000).count("kafka failed the worker's start; starting again")
+    print("\n" + "\n".join([*lines, f"starts again after a broker fault: {starts_again}"]))
