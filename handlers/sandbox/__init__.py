@@ -8,8 +8,9 @@ injection) and a simulated System One, in one aiohttp server. The control API is
         sandbox.snapshot()["webhooks"]
 """
 
+from handlers.sandbox.core import Sandbox
 from handlers.sandbox.faults import Fault
-from handlers.sandbox.server import Sandbox, build_app, run_sandbox
+from handlers.sandbox.server import build_app, run_sandbox
 from handlers.sandbox.webhooks import sign
 
 __all__ = ["Fault", "Sandbox", "build_app", "run_sandbox", "sign"]

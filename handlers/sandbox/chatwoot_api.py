@@ -9,19 +9,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from handlers.sandbox import views
+from handlers.sandbox.core import SANDBOX
 from handlers.sandbox.faults import Fault
 from handlers.sandbox.model import ACTIVITY, Bot, User
 from handlers.sandbox.world import NOT_FOUND, ApiError, World
 
-if TYPE_CHECKING:
-    from handlers.sandbox.server import Sandbox
-
-SANDBOX: web.AppKey[Sandbox] = web.AppKey("sandbox")
 Actor = User | Bot
 Handler = Callable[["Call"], Any]
 
@@ -263,7 +260,8 @@ def toggle_status(call: Call) -> Any:
 
 @endpoint("assign", bot_ok=True)
 def assign(call: Call) -> Any:
-    return call.world.assign(call.conversation(), call.actor, call.body)
+    conversation = call.conversation()
+    return views.assignee_json(call.world.assign(conversation, call.actor, call.body), conversation.account_id)
 
 
 @endpoint("get_labels", bot_ok=True)

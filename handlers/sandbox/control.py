@@ -35,16 +35,13 @@ POST   /_sandbox/settle                         {timeout_s?}: wait until queued 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from handlers.sandbox import views
-from handlers.sandbox.chatwoot_api import SANDBOX
+from handlers.sandbox.core import SANDBOX, Sandbox
 from handlers.sandbox.world import ApiError
-
-if TYPE_CHECKING:
-    from handlers.sandbox.server import Sandbox
 
 Action = Callable[["Sandbox", dict[str, Any], dict[str, int]], Any]
 

@@ -7,6 +7,7 @@ control API, and only `world.World` applies Chatwoot's rules to it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 Role = Literal["administrator", "agent"]
@@ -125,3 +126,9 @@ class Conversation:
     @property
     def key(self) -> tuple[int, int]:
         return (self.account_id, self.id)
+
+
+def iso(ts: float) -> str:
+    """ISO-8601 UTC with milliseconds, as Rails writes `created_at` in message webhooks."""
+    moment = datetime.fromtimestamp(ts, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"

@@ -7,7 +7,6 @@ level but integer types and unix seconds inside `conversation.messages`.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from handlers.sandbox.model import (
@@ -19,16 +18,12 @@ from handlers.sandbox.model import (
     Conversation,
     Message,
     User,
+    iso,
 )
+from handlers.sandbox.world import UNCHANGED
 
 if TYPE_CHECKING:
-    from handlers.sandbox.world import World
-
-
-def iso(ts: float) -> str:
-    """ISO-8601 UTC with milliseconds, as Rails writes `created_at` in message webhooks."""
-    moment = datetime.fromtimestamp(ts, UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    from handlers.sandbox.world import Announcement, World
 
 
 def contact_push(contact: Contact, with_type: bool = True) -> dict[str, Any]:
@@ -302,3 +297,20 @@ def message_webhook(world: World, message: Message, conversation: Conversation) 
         "sender": sender,
         "source_id": None,
     }
+
+
+def announcement_payload(world: World, announcement: Announcement) -> dict[str, Any]:
+    """The webhook payload of a change the world announces (without `event`, which each copy gets)."""
+    if announcement.message is not None:
+        return message_webhook(world, announcement.message, announcement.conversation)
+    payload = conversation_webhook(world, announcement.conversation)
+    if announcement.changed_attributes is not UNCHANGED:
+        payload = {**payload, "changed_attributes": announcement.changed_attributes}
+    return payload
+
+
+def assignee_json(assignee: User | Bot | None, account_id: int) -> dict[str, Any] | None:
+    """The body of an assignment's 200 answer (§4.4): the bot's slim view, the agent's, or null."""
+    if isinstance(assignee, Bot):
+        return bot_slim(assignee)
+    return agent_json(assignee, account_id) if assignee is not None else None

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from handlers.sandbox import views
 from handlers.sandbox.model import (
     ACTIVITY,
     INCOMING,
@@ -30,6 +29,7 @@ from handlers.sandbox.model import (
     Message,
     Sender,
     User,
+    iso,
 )
 
 Actor = User | Bot | None
@@ -78,6 +78,26 @@ class BotEvent:
     payload: dict[str, Any]
 
 
+UNCHANGED: Any = object()
+"""`Announcement.changed_attributes` of an event whose payload has no `changed_attributes` at all."""
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """A change Chatwoot announces to a conversation's agent bots; `World.render` makes its webhook payload at the
+    moment of the change (the sandbox wires it to `views.announcement_payload`: the world never imports its
+    views, which only read it)."""
+
+    event: str
+    conversation: Conversation
+    message: Message | None = None
+    changed_attributes: list[dict[str, Any]] | None = UNCHANGED
+
+
+def _unrendered(world: World, announcement: Announcement) -> dict[str, Any]:
+    raise RuntimeError("World.render is not wired (Sandbox sets it to views.announcement_payload)")
+
+
 @dataclass
 class World:
     """The whole simulated installation."""
@@ -93,6 +113,7 @@ class World:
     clock_offset_s: float = 0.0
     activity_delay_s: float = 0.0  # Chatwoot writes activities from a background job, a moment later
     on_event: Callable[[BotEvent], None] = lambda event: None
+    render: Callable[[World, Announcement], dict[str, Any]] = _unrendered
     _ids: dict[str, int] = field(default_factory=dict)
 
     # --- small helpers -------------------------------------------------------------------------------------
@@ -145,8 +166,14 @@ class World:
             found.append(self.bots[inbox.bot_id])
         return [bot for bot in found if self.bot_webhook_url(bot)]
 
-    def _emit(self, conversation: Conversation, event: str, payload: dict[str, Any]) -> None:
-        for bot in self._recipients(conversation):
+    def _emit(self, announcement: Announcement) -> None:
+        """Render the announcement's payload now (the state at the change) and hand each recipient bot its copy."""
+        conversation, event = announcement.conversation, announcement.event
+        recipients = self._recipients(conversation)
+        if not recipients:
+            return
+        payload = self.render(self, announcement)
+        for bot in recipients:
             self.on_event(
                 BotEvent(event, bot.id, conversation.account_id, conversation.id, {**payload, "event": event})
             )
@@ -169,14 +196,12 @@ class World:
         names = {next(iter(entry)) for entry in changed}
         if "status" in names:
             if conversation.status == "open":
-                self._emit(conversation, "conversation_opened", views.conversation_webhook(self, conversation))
+                self._emit(Announcement("conversation_opened", conversation))
             if conversation.status == "resolved":
-                self._emit(conversation, "conversation_resolved", views.conversation_webhook(self, conversation))
-            payload = {**views.conversation_webhook(self, conversation), "changed_attributes": None}
-            self._emit(conversation, "conversation_status_changed", payload)
+                self._emit(Announcement("conversation_resolved", conversation))
+            self._emit(Announcement("conversation_status_changed", conversation, changed_attributes=None))
         if names & set(TRACKED):
-            payload = {**views.conversation_webhook(self, conversation), "changed_attributes": changed}
-            self._emit(conversation, "conversation_updated", payload)
+            self._emit(Announcement("conversation_updated", conversation, changed_attributes=changed))
         self._write_activities(conversation, actor, changes, changed)
 
     def _write_activities(
@@ -300,8 +325,7 @@ class World:
             self._save(conversation, None, **changes)
         if message_type != ACTIVITY:
             conversation.last_activity_at = message.created_at
-            payload = views.message_webhook(self, message, conversation)
-            self._emit(conversation, "message_created", payload)
+            self._emit(Announcement("message_created", conversation, message))
         return message
 
     def delete_message(self, conversation: Conversation, message_id: int) -> Message:
@@ -311,8 +335,7 @@ class World:
                 message.content_attributes = {**message.content_attributes, "deleted": True}
                 message.updated_at = self.now()
                 if message.message_type != ACTIVITY:
-                    payload = views.message_webhook(self, message, conversation)
-                    self._emit(conversation, "message_updated", payload)
+                    self._emit(Announcement("message_updated", conversation, message))
                 return message
         raise ApiError(404, NOT_FOUND)
 
@@ -421,19 +444,19 @@ class World:
                 "success": success,
                 "conversation_id": conversation.id,
                 "current_status": conversation.status,
-                "snoozed_until": views.iso(conversation.snoozed_until) if conversation.snoozed_until else None,
+                "snoozed_until": iso(conversation.snoozed_until) if conversation.snoozed_until else None,
             },
         }
 
-    def assign(self, conversation: Conversation, actor: User | Bot, body: dict[str, Any]) -> Any:
-        """`POST …/assignments` (§4.4); returns the JSON body of the 200 answer."""
+    def assign(self, conversation: Conversation, actor: User | Bot, body: dict[str, Any]) -> User | Bot | None:
+        """`POST …/assignments` (§4.4); returns the assignee the 200 answer shows (`views.assignee_json`)."""
         assignee_id = body.get("assignee_id")
         if body.get("assignee_type") == "AgentBot" and assignee_id is not None:
             bot = self.bots.get(assignee_id) if isinstance(assignee_id, int) else None
             if bot is None or bot.account_id not in (None, conversation.account_id):
                 return None
             self._save(conversation, actor, assignee_id=None, assignee_agent_bot_id=bot.id, status="pending")
-            return views.bot_slim(bot)
+            return bot
         if "assignee_id" in body:
             user = self.users.get(assignee_id) if isinstance(assignee_id, int) else None
             if user is None or conversation.account_id not in user.accounts:
@@ -445,7 +468,7 @@ class World:
                 if conversation.waiting_since is None:
                     changes["waiting_since"] = self.now()
             self._save(conversation, actor, **changes)
-            return views.agent_json(user, conversation.account_id)
+            return user
         return None
 
     def set_labels(self, conversation: Conversation, actor: Actor, labels: list[str]) -> list[str]:
