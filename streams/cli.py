@@ -54,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = next((a for a in given if not a.startswith("-")), None)
     args = build_parser(chosen if chosen in SUBCOMMANDS else None).parse_args(given)
     module = importlib.import_module(args._module)
+    from handlers.kafka_rebootstrap import install
+
+    install()  # every Kafka client of the command goes back to the bootstrap servers when no known broker answers
     try:
         code: int = module.run(args)
     except ConfigError as exc:  # any command: an invalid configuration or environment is one line and exit 2

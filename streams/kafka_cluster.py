@@ -42,6 +42,11 @@ from streams.kafka_local import (
 
 CLUSTER_SIZE = 3
 MIN_INSYNC_REPLICAS = 2
+BROKER_SESSION_TIMEOUT_MS = 3000
+"""How long the controller waits for a silent broker before it fences it (Kafka's default: 9000). With `acks=all`
+every partition a dead broker replicates refuses writes until then, so it is the door's window in a broker's
+death (docs/operations.md "Running on your Kafka cluster"); heartbeats every 500 ms keep a live broker well inside."""
+BROKER_HEARTBEAT_INTERVAL_MS = 500
 STOP_TIMEOUT_S = 30.0
 
 
@@ -69,6 +74,8 @@ def node_properties(node_id: int, port: int, controller_port: int, voters: str, 
             f"share.coordinator.state.topic.replication.factor={replicas}",
             f"share.coordinator.state.topic.min.isr={MIN_INSYNC_REPLICAS}",
             "unclean.leader.election.enable=false",
+            f"broker.session.timeout.ms={BROKER_SESSION_TIMEOUT_MS}",
+            f"broker.heartbeat.interval.ms={BROKER_HEARTBEAT_INTERVAL_MS}",
             "group.initial.rebalance.delay.ms=0",
             "auto.create.topics.enable=false",
             "log.retention.hours=-1",
