@@ -12,6 +12,7 @@ never the input text.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 from collections.abc import Iterable
@@ -19,13 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from handlers.audit_reader import starts
-from handlers.log_reader import Progress, Records, Share, key_shares, plan, read
+from handlers.log_reader import Plan, Progress, Records, Share, key_shares, plan, read
+from handlers.shards import jobs_for, run_sharded
 from handlers.systemone import SystemOneClient
 from projections.jev import JevError
 from projections.whatif import Question, TurnRecorder
 from projections.whatif_tally import Selection, TurnTally
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook
+from schemas.keys import partition_for
 from schemas.records import MARKER_KEY
 
 DEFAULT_CACHE_DIR = Path(".whatif-cache")
@@ -174,3 +177,30 @@ async def ask(
 
     await asyncio.gather(*(one(q) for q in {q.digest: q for q in questions}.values()))
     return result
+
+
+async def plan_for(job: WhatifJob) -> Plan:
+    """The partitions a what-if reads: every one, or only the selected conversation's."""
+    planned = await plan(job.bootstrap, job.topic)
+    if job.selection.key is not None:
+        planned = planned.only([partition_for(job.selection.key, len(planned.spans))])
+    return planned
+
+
+def work_of(job: WhatifJob, planned: Plan) -> dict[int, int]:
+    """Records each planned partition's fold reads, for progress: a partition is folded once per share of its keys
+    (`key_shares`), or once for one conversation."""
+    one_pass = job.selection.key is not None
+    return {s.partition: s.size * (1 if one_pass else len(key_shares(s.size))) for s in planned.spans}
+
+
+def replay(job: WhatifJob, planned: Plan, jobs: int | None, progress: Progress | None = None) -> TurnTally:
+    """Every planned partition's tally (`jobs` processes, default the cores; one for one conversation), merged in
+    partition order: what `whatif` and the console's what-if page report."""
+    sizes = {span.partition: span.size for span in planned.spans}
+    processes = 1 if job.selection.key is not None else jobs_for(planned.records, jobs)
+    parts = run_sharded(functools.partial(whatif_partition, job), sizes, processes, progress)
+    tally = TurnTally(job.candidate, job.answers, job.selection)
+    for partition in sorted(parts):
+        tally.merge(parts[partition])
+    return tally

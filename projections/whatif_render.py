@@ -7,6 +7,7 @@ and the configuration diff. Neither shows customer text: a turn is named by its 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from html import escape
 from typing import Any
@@ -93,6 +94,14 @@ td.same{background:#eef8ee}td.diff{background:#fdf1e4}code{font-size:13px}
 """
 
 
+class Html(str):
+    """A table cell that is HTML already (built from escaped parts), inserted as it is."""
+
+
+def _cell(cell: str) -> str:
+    return cell if isinstance(cell, Html) else escape(cell)
+
+
 def _table(head: list[str], rows: list[list[str]], classes: list[list[str]] | None = None) -> str:
     cells = "".join(f"<th>{escape(h)}</th>" for h in head)
     body = []
@@ -100,13 +109,24 @@ def _table(head: list[str], rows: list[list[str]], classes: list[list[str]] | No
         tds = []
         for j, cell in enumerate(row):
             cls = classes[i][j] if classes is not None else ""
-            tds.append(f'<td class="{cls}">{escape(cell)}</td>' if cls else f"<td>{escape(cell)}</td>")
+            tds.append(f'<td class="{cls}">{_cell(cell)}</td>' if cls else f"<td>{_cell(cell)}</td>")
         body.append("<tr>" + "".join(tds) + "</tr>")
     return f"<table><thead><tr>{cells}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
 def render_html(report: Report) -> str:
     """The same report as one standalone page: inline CSS, no script, no external asset, all text escaped."""
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f"<title>what-if {escape(report.candidate_version)}</title><style>{_STYLE}</style></head><body>"
+        + render_html_body(report)
+        + "</body></html>\n"
+    )
+
+
+def render_html_body(report: Report, *, conversation_href: Callable[[str], str] | None = None) -> str:
+    """The report's HTML without the page around it: what `render_html` wraps and the console's what-if page
+    shows, where `conversation_href(key)` links each changed turn's conversation to its timeline."""
     totals = report.totals
     total_rows = [
         ["turns compared", str(totals["compared"])],
@@ -133,9 +153,15 @@ def render_html(report: Report) -> str:
         grid_rows.append(row)
         grid_classes.append(cls)
     changed = report.changed()
+
+    def conversation(key: str) -> str:
+        if conversation_href is None:
+            return key
+        return Html(f'<a href="{escape(conversation_href(key))}" data-conversation="{escape(key)}">{escape(key)}</a>')
+
     changed_rows = [
         [
-            t.key,
+            conversation(t.key),
             str(t.run),
             iso(t.at_ms),
             t.live_version,
@@ -146,8 +172,6 @@ def render_html(report: Report) -> str:
         for t in changed
     ]
     parts = [
-        "<!doctype html><html lang=en><head><meta charset=utf-8>",
-        f"<title>what-if {escape(report.candidate_version)}</title><style>{_STYLE}</style></head><body>",
         f"<h1>What-if: candidate configuration <code>{escape(report.candidate_version)}</code></h1>",
         "<p>Recorded turns re-decided under the candidate with the router's own rules; nothing was sent to "
         "Chatwoot.</p>",
@@ -165,5 +189,4 @@ def render_html(report: Report) -> str:
         parts.append(f"<h2>Configuration changes: live <code>{escape(version)}</code> → candidate</h2>")
         rows = [[c.path, _value(c.live), _value(c.candidate)] for c in changes]
         parts.append(_table(["key path", "live", "candidate"], rows) if rows else "<p>None.</p>")
-    parts.append("</body></html>\n")
     return "".join(parts)

@@ -9,8 +9,10 @@ counted. Tallies of different partitions (other processes) merge into one.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from projections.whatif import (
     Answers,
@@ -26,6 +28,38 @@ from schemas.configs import ConfigDocument
 
 ROW_CAP = 1000
 """Rows listed of each kind (changed, unchanged); beyond that turns are counted, not listed."""
+
+
+_DURATION = re.compile(r"([0-9]{1,9})([smhdw])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+_CONVERSATION = re.compile(r"[1-9][0-9]{0,15}:[1-9][0-9]{0,15}")
+DURATION_HINT = "a duration like 30m, 24h, 7d or 2w"
+INSTANT_HINT = "an ISO 8601 time such as 2025-01-31T12:00:00Z"
+CONVERSATION_HINT = "ACCOUNT:CONVERSATION, e.g. 1:42"
+
+
+def duration_s(text: str) -> int:
+    """`--since`: `30m`, `24h`, `7d`, `2w` → seconds; ValueError(DURATION_HINT) for anything else."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(DURATION_HINT)
+    return int(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+def instant_ms(text: str) -> int:
+    """`--from`: an ISO 8601 time, UTC when it names no offset → epoch milliseconds; ValueError(INSTANT_HINT)."""
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(INSTANT_HINT) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def is_conversation_key(text: str) -> bool:
+    """`--conversation`: ACCOUNT:CONVERSATION."""
+    return _CONVERSATION.fullmatch(text) is not None
 
 
 @dataclass(frozen=True)

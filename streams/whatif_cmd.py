@@ -14,58 +14,58 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
-import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 
 from aiokafka.errors import KafkaError
 
 from handlers.config_store import read_book
-from handlers.log_reader import Plan, key_shares, plan
+from handlers.log_reader import Plan
 from handlers.read_progress import ReadProgress
-from handlers.shards import ShardFailed, jobs_for, run_sharded
+from handlers.shards import ShardFailed
 from handlers.systemone import SystemOneClient
-from handlers.whatif import DEFAULT_CACHE_DIR, DEFAULT_CONCURRENCY, AnswerCache, WhatifJob, ask, whatif_partition
+from handlers.whatif import (
+    DEFAULT_CACHE_DIR,
+    DEFAULT_CONCURRENCY,
+    AnswerCache,
+    WhatifJob,
+    ask,
+    plan_for,
+    replay,
+    work_of,
+)
+from projections import whatif_tally
 from projections.whatif import Report
 from projections.whatif_render import render_html, render_text
 from projections.whatif_tally import Selection, TurnTally
 from schemas.config import ConfigError, RouterConfig, load_config_file
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
-from schemas.keys import partition_for
 from streams.config_cmd import EXIT_INVALID_CONFIG, env_or_exit, fail
 
-_DURATION = re.compile(r"([0-9]{1,9})([smhdw])")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
-_CONVERSATION = re.compile(r"[1-9][0-9]{0,15}:[1-9][0-9]{0,15}")
+
+def _argument(parse: Callable[[str], int]) -> Callable[[str], int]:
+    """An option parser that argparse reports with the parser's hint."""
+
+    def parsed(text: str) -> int:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parsed
 
 
-def duration_s(text: str) -> int:
-    """`30m`, `24h`, `7d`, `2w` → seconds; argparse reports anything else."""
-    match = _DURATION.fullmatch(text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError("a duration like 30m, 24h, 7d or 2w")
-    return int(match.group(1)) * _UNIT_S[match.group(2)]
-
-
-def instant_ms(text: str) -> int:
-    """An ISO 8601 time (UTC when it names no offset) → epoch milliseconds."""
-    try:
-        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError("an ISO 8601 time such as 2025-01-31T12:00:00Z") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
+duration_s = _argument(whatif_tally.duration_s)
+instant_ms = _argument(whatif_tally.instant_ms)
 
 
 def conversation_key(text: str) -> str:
-    if _CONVERSATION.fullmatch(text) is None:
-        raise argparse.ArgumentTypeError("ACCOUNT:CONVERSATION, e.g. 1:42")
+    if not whatif_tally.is_conversation_key(text):
+        raise argparse.ArgumentTypeError(whatif_tally.CONVERSATION_HINT)
     return text
 
 
@@ -122,19 +122,13 @@ async def _ask(
     return asked.answers, asked.asked, asked.cached, len(asked.failed)
 
 
-def replay(job: WhatifJob, planned: Plan, jobs: int | None) -> TurnTally:
-    """Every planned partition's tally, `jobs` partitions at a time, merged in partition order."""
-    sizes = {span.partition: span.size for span in planned.spans}
-    processes = 1 if job.selection.key is not None else jobs_for(planned.records, jobs)
-    progress = ReadProgress("whatif", {p: n * len(key_shares(n)) for p, n in sizes.items()})
+def replay_all(job: WhatifJob, planned: Plan, jobs: int | None) -> TurnTally:
+    """`handlers.whatif.replay` with progress on stderr."""
+    progress = ReadProgress("whatif", work_of(job, planned))
     try:
-        parts = run_sharded(functools.partial(whatif_partition, job), sizes, processes, progress)
+        return replay(job, planned, jobs, progress)
     finally:
         progress.close()
-    tally = TurnTally(job.candidate, job.answers, job.selection)
-    for partition in sorted(parts):
-        tally.merge(parts[partition])
-    return tally
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,13 +156,10 @@ def run(args: argparse.Namespace) -> int:
     selection = Selection(from_ms=from_ms, account_id=args.account, key=args.conversation)
     job = WhatifJob(env.bootstrap, env.topic("conversations"), live, candidate, selection, window=from_ms is not None)
     try:
-        planned = asyncio.run(plan(env.bootstrap, job.topic))
+        planned = asyncio.run(plan_for(job))
         if planned.history.is_partial:
             print(f"whatif: note: {planned.history.describe()}", file=sys.stderr, flush=True)
-        if args.conversation:
-            partition = partition_for(args.conversation, len(planned.spans))
-            planned = planned.only([partition])
-        tally = replay(job, planned, args.jobs)
+        tally = replay_all(job, planned, args.jobs)
     except (LookupError, KafkaError, OSError, ShardFailed) as exc:
         print(f"whatif: kafka at {env.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -179,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
             _ask(report, candidate, api_key, AnswerCache(args.cache), args.concurrency)
         )
         try:  # again with System One's answers (the first pass kept only the questions, never the turns)
-            report = replay(replace(job, answers=answers), planned, args.jobs).report(version)
+            report = replay_all(replace(job, answers=answers), planned, args.jobs).report(version)
         except (LookupError, KafkaError, OSError, ShardFailed) as exc:
             print(f"whatif: kafka at {env.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1

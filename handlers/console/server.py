@@ -2,7 +2,8 @@
 
 Routes: `GET /` (overview), `GET /api/overview` (its live data and fragments), `GET /conversation?q=A:C` (the
 search: redirects to the page), `GET /conversations/{A:C}`, `GET /api/conversations/{A:C}`, `GET /static/…`,
-and, with a token, `GET|POST /login`. Nothing here writes to Kafka or to Chatwoot.
+the what-if page's `GET|POST /whatif`, `GET /whatif/{id}` and its APIs (handlers/console/whatif_page.py), and,
+with a token, `GET|POST /login`. Nothing here writes to Kafka or to Chatwoot.
 
 With a token every route but `/login` needs `Authorization: Bearer <token>`, or the session cookie that `/login`
 sets after the token was typed into its form (an HMAC of the token, not the token). Every answer carries a
@@ -32,6 +33,8 @@ from handlers.console.render import (
     render_overview,
 )
 from handlers.console.status import ConsoleStatus
+from handlers.console.whatif_page import MAX_FORM_BYTES, Page, add_whatif_routes
+from handlers.console.whatif_runs import WhatifRunner
 from projections.console_model import ConsoleModel, ConversationTimeline, Overview, parse_conversation_key
 
 SESSION_COOKIE = "console_session"
@@ -65,11 +68,12 @@ def create_app(
     *,
     token: str | None = None,
     now_ms: Callable[[], int] = wall_clock_ms,
+    whatif: WhatifRunner | None = None,
 ) -> web.Application:
     middlewares: list[Any] = [_headers]
     if token:
         middlewares.append(_bearer(token))
-    app = web.Application(middlewares=middlewares)
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_FORM_BYTES)
     app[MODEL] = model
     static = resources.files("handlers.console") / "static"
 
@@ -152,7 +156,17 @@ def create_app(
     if token:
         app.router.add_get("/login", login_form)
         app.router.add_post("/login", login)
+    _add_whatif(app, model, whatif, page)
     return app
+
+
+def _add_whatif(app: web.Application, model: ReadModel, runner: WhatifRunner | None, page: Page) -> None:
+    """The what-if page (handlers/console/whatif_page.py): `runner`, or one over the live console's log."""
+    if runner is None and isinstance(model, LiveConsole):
+        runner = WhatifRunner(
+            model.bootstrap, model.app_id, retry_base_ms=model.retry_base_ms, config=model.config, jobs=model.jobs
+        )
+    add_whatif_routes(app, runner, page)
 
 
 async def _timeline(model: ReadModel, key: str) -> ConversationTimeline | None:

@@ -1,5 +1,6 @@
 // Live refresh without reloading: poll the page's JSON endpoint and swap in the fragments the server rendered.
-// The fragments are HTML escaped by the server's templates; nothing else is inserted.
+// The fragments are HTML escaped by the server's templates; nothing else is inserted. An answer marked `final`
+// (a what-if run that has finished) is the last one: polling stops.
 (function () {
   "use strict";
   var main = document.querySelector("main[data-live]");
@@ -32,9 +33,9 @@
         if (!response.ok) { throw new Error("HTTP " + response.status); }
         return response.json();
       })
-      .then(function (data) { apply(data); mark("", false); })
-      .catch(function (error) { mark("disconnected (" + error.message + "), retrying", true); })
-      .then(function () { window.setTimeout(poll, every); });
+      .then(function (data) { apply(data); mark("", false); return data.final === true; })
+      .catch(function (error) { mark("disconnected (" + error.message + "), retrying", true); return false; })
+      .then(function (final) { if (!final) { window.setTimeout(poll, every); } });
   }
 
   window.setTimeout(poll, every);
