@@ -56,10 +56,25 @@ def build_input(messages: Sequence[MessageView], email_domain: str | None) -> Tu
 def memo_key(input_: TurnInput, config: RouterConfig, account_id: int) -> str:
     """Decisions 2: the input ids plus a hash of the text, the account's routing setup, the model and the
     fixed Jev texts, so a changed model or configuration decides again while retries never do."""
+    material = '{"text": ' + json.dumps(input_.text, ensure_ascii=False) + ", " + _setup_json(config, account_id)
+    digest = hashlib.sha256(material.encode()).hexdigest()
+    return f"{input_.key}#{digest[:32]}"
+
+
+_SETUPS: dict[tuple[int, int], tuple[RouterConfig, str]] = {}
+_SETUPS_KEPT = 64
+
+
+def _setup_json(config: RouterConfig, account_id: int) -> str:
+    """The memo material after its text, as `json.dumps` writes the whole object (default separators): the
+    same for every turn under one configuration, so it is serialized once per configuration and account (the
+    configuration is frozen; the cache holds it, so its id cannot be reused while cached)."""
+    cached = _SETUPS.get((id(config), account_id))
+    if cached is not None and cached[0] is config:
+        return cached[1]
     routing = config.routing
     kinds = config.kinds_of(account_id)
-    material = {
-        "text": input_.text,
+    setup = {
         "owners": {n: o.model_dump(by_alias=True) for n, o in routing.accounts[account_id].items()},
         "topics": routing.topics,
         "kinds": None if kinds is None else {n: k.model_dump(by_alias=True) for n, k in kinds.items()},
@@ -67,5 +82,8 @@ def memo_key(input_: TurnInput, config: RouterConfig, account_id: int) -> str:
         "model": routing.model,
         "fixed": FIXED_TEXTS,
     }
-    digest = hashlib.sha256(json.dumps(material, sort_keys=False, ensure_ascii=False).encode()).hexdigest()
-    return f"{input_.key}#{digest[:32]}"
+    text = json.dumps(setup, sort_keys=False, ensure_ascii=False)[1:]  # without its "{": it follows the text
+    if len(_SETUPS) >= _SETUPS_KEPT:
+        _SETUPS.clear()
+    _SETUPS[(id(config), account_id)] = (config, text)
+    return text

@@ -8,6 +8,7 @@ partitions by the key's bytes, so the text form is part of the contract and neve
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 SweepStatus = Literal["pending", "open"]
@@ -36,6 +37,8 @@ class SweepKey:
         return f"{self.account_id}:{self.status}"
 
 
+# the fold builds the key of every record it folds: the conversations in flight repeat
+@lru_cache(maxsize=4096, typed=True)
 def conversation_key(account_id: int, conversation_id: int) -> str:
     """The partition key shared by every conversation-keyed topic."""
     return str(ConversationKey(account_id, conversation_id))
@@ -53,6 +56,8 @@ def parse_key(key: str) -> ConversationKey | SweepKey:
     raise ValueError(f"not a router key: {key!r}")
 
 
+# the fold parses every record's key (a ValueError is not kept: it is raised again each time)
+@lru_cache(maxsize=4096, typed=True)
 def conversation_key_of(key: str) -> ConversationKey:
     """The typed form of a conversation key; ValueError for anything else (a sweep key included)."""
     parsed = parse_key(key)

@@ -14,20 +14,27 @@ from pydantic import BaseModel, ConfigDict, Field
 from schemas.decision import Decision
 from schemas.records import ConversationView, EffectCommand, TurnResult
 
+# BaseModel's slots, set through their descriptors: `evolve` runs several times per folded record
+_new = object.__new__
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+
 
 class _State(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     def evolve(self, **update: Any) -> Self:
         """A copy with `update` applied, without validation: the folds change parts of already valid values
-        many times per event, and `model_copy` costs several times more (the copy machinery, `fields_set`)."""
-        new = self.__class__.__new__(self.__class__)
-        values = self.__dict__.copy()
-        values.update(update)
-        object.__setattr__(new, "__dict__", values)
-        object.__setattr__(new, "__pydantic_fields_set__", self.__pydantic_fields_set__ | update.keys())
-        object.__setattr__(new, "__pydantic_extra__", None)
-        object.__setattr__(new, "__pydantic_private__", None)
+        many times per event, and `model_copy` costs several times more (the copy machinery, `fields_set`).
+        A frozen model's set of fields set is never changed in place, so a copy that sets no new field shares it."""
+        new = _new(self.__class__)
+        _set_dict(new, {**self.__dict__, **update})
+        fields = self.__pydantic_fields_set__
+        _set_fields(new, fields if update.keys() <= fields else fields.union(update))
+        _set_extra(new, None)
+        _set_private(new, None)
         return new
 
 

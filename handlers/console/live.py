@@ -6,6 +6,13 @@ conversation's state in the on-disk `Snapshot`), so its memory stays flat and a 
 instead of offset 0; and it builds a conversation's timeline when a page asks for it, by reading only that
 conversation's partition from its first record (the start its state records, as `audit --conversation` does).
 The last timelines asked for are kept and follow the log live, fed by the tail like the overview.
+
+A first start (no snapshot) on a long log must fold all of it before the overview's history counts (turns,
+outcomes, reasons, replies) are complete. Meanwhile `seed` shows what the workers' live states tell at once: the
+conversation count, from the last value per key of `<app>-conversation_state-changelog` (read raw, nothing
+decoded), and a conversation's page starts from the first offset its live state records (`live_state`, read
+backwards from the changelog's end) instead of its partition's head. The status line says the log is still being
+replayed until the build is done; the build's counts then replace the seed's.
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from handlers.audit_reader import STATE_TABLE, live_state, start_of
 from handlers.console.build import BuildJob, Built, build_partition
 from handlers.console.snapshot import Snapshot, fits
+from handlers.kafka_topics import changelog_topic
 from handlers.log_reader import Progress, Records, Span, plan, read
 from handlers.shards import default_jobs, run_sharded
 from projections.console_model import ConsoleModel, ConversationTimeline
@@ -48,6 +57,7 @@ class LiveConsole:
     version: int = 0
     restored: bool = False
     caught_up: bool = False  # the tail has read every partition to its end (set by the tail)
+    seeded: bool = False  # the overview's conversations come from the workers' live states (a build is running)
     jobs: int = field(default_factory=default_jobs)  # processes for a first build (handlers/console/build.py)
 
     def __post_init__(self) -> None:
@@ -74,6 +84,25 @@ class LiveConsole:
         elif loaded is not None:
             self.snapshot.reset()
 
+    async def seed(self) -> int:
+        """Count the conversations the workers' live table holds (its changelog's last value per key, tombstones
+        dropped; one partition's keys at a time), so the overview has them while the first build runs. Returns the
+        count; 0 when there is no changelog (no worker ran yet: the build alone counts)."""
+        topic = changelog_topic(self.app_id, STATE_TABLE)
+        try:
+            planned = await plan(self.bootstrap, topic)
+        except LookupError:
+            return 0
+        live = 0
+        for span in planned.spans:
+            last: dict[bytes | None, bool] = {}  # key -> its last value is a state (not a tombstone)
+            await read(self.bootstrap, [span], functools.partial(_keep_last, last))
+            live += sum(last.values())
+        if live:
+            self.fold.counts = OverviewCounts(conversations=live)
+            self.seeded = True
+        return live
+
     async def build(self, sizes: dict[int, int], progress: Progress | None = None) -> None:
         """Fold the whole log into the snapshot one partition per process (a first start on a long log), then
         continue from where each partition's build stopped."""
@@ -87,6 +116,7 @@ class LiveConsole:
             self.positions[partition] = built[partition].position
             self.fold.scan.resume(partition, built[partition].version)
         self.fold.counts = counts
+        self.seeded = False
         self.checkpoint(force=True)
 
     def needs_version(self, value: bytes | None) -> str | None:
@@ -137,9 +167,12 @@ class LiveConsole:
         partition = partition_for(key, len(planned.spans))
         span = planned.span(partition)
         model = ConsoleModel(self.config, retry_base_ms=self.retry_base_ms, book=self.book, only_key=key)
-        if summary is not None and summary.state.first_offset > span.start:
-            span = Span(span.topic, partition, summary.state.first_offset, span.end)
-            model.scan.resume(partition, summary.state.first_version)
+        start = start_of(summary.state) if summary is not None else None
+        if summary is None and not self.caught_up:  # a first build is running: the live table knows the start
+            start = start_of(await live_state(self.bootstrap, self.app_id, partition, key))
+        if start is not None and start.offset > span.start:
+            span = Span(span.topic, partition, start.offset, span.end)
+            model.scan.resume(partition, start.version)
 
         def apply(p: int, records: Records) -> None:
             for record in records:
@@ -156,3 +189,8 @@ class LiveConsole:
         while len(self.timelines) > TIMELINES:
             self.timelines.popitem(last=False)
         return model.timeline(key)
+
+
+def _keep_last(last: dict[bytes | None, bool], partition: int, records: Records) -> None:
+    for record in records:
+        last[record.key] = record.value is not None

@@ -85,6 +85,7 @@ class LogTail:
             self.model.restore({p: h.log_start for p, h in heads.items()}, {p: h.end for p, h in heads.items()})
             if not self.model.restored and planned.records > SMALL_READ:  # a first start on a long log
                 self.status.behind = planned.records
+                await self.model.seed()  # the live states' conversation count while the history is folded
                 await self.model.build({s.partition: s.size for s in planned.spans}, self._built)
             self.status.records = self.model.records
             self._restored = True

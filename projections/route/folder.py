@@ -45,8 +45,10 @@ def wakeup_of(state: ConversationState) -> int | None:
 
 
 def _same(part: object, original: object) -> bool:
-    """Whether a part of the state is unchanged: the same object (most steps touch few parts) or an equal one."""
-    return part is original or part == original
+    """Whether a part of the state is unchanged: the same object (most steps touch few parts) or an equal one.
+    The parts are frozen models with no extra or private values, so equal means the same class and equal fields
+    (what pydantic's `==` decides for them, without its generic checks)."""
+    return part is original or (type(part) is type(original) and part.__dict__ == original.__dict__)
 
 
 class Folder:

@@ -320,6 +320,34 @@ async def test_a_first_start_on_a_long_log_builds_the_snapshot_one_partition_per
     assert loaded is not None and loaded.counts.overview(0) == full.overview(0)
 
 
+async def test_a_first_start_counts_the_live_tables_conversations_while_it_builds(
+    kafka_bootstrap: str, app_id: str, tmp_path: Path
+) -> None:
+    """Before the first build has folded the history, the overview has the workers' conversations (the last value
+    per key of the state changelog) and a page reads its conversation from the first offset the live state
+    records; the history's counts are not invented meanwhile."""
+    document, keys = await applied_log(kafka_bootstrap, app_id, 8)
+    book = ConfigBook([document])
+    full = ConsoleModel(book=book)
+
+    def everything(p: int, records: object) -> None:
+        for record in records:  # type: ignore[attr-defined]
+            full.feed(record.value, record.offset, p, record.key)
+
+    await read(kafka_bootstrap, (await plan(kafka_bootstrap, f"{app_id}.conversations")).spans, everything)
+    console = LiveConsole(kafka_bootstrap, app_id, book, Snapshot(tmp_path / "c.sqlite", f"{app_id}.conversations"))
+    try:
+        assert await console.seed() == 0 and not console.seeded  # no worker ran: no live table, the build counts
+        await rebuild(kafka_bootstrap, app_id, jobs=1, show_progress=False)  # the live table, as workers keep it
+        assert await console.seed() == 8 and console.seeded
+        overview = console.overview(0)
+        assert overview.conversations == 8 and overview.records == 0 and not overview.results
+        for key in (keys[0], keys[-1]):
+            assert await console.timeline(key) == full.timeline(key)
+    finally:
+        console.snapshot.close()
+
+
 async def test_whatif_since_reads_only_the_conversations_of_the_window(kafka_bootstrap: str, app_id: str) -> None:
     """The window is found by the records' timestamps; only its conversations are folded (from their start), and
     their turns are those a full read finds for them."""

@@ -42,3 +42,28 @@ def test_memo_key_changes_with_text_model_and_routing_but_not_otherwise() -> Non
     assert memo_key(base, make_config(model="jev-2"), 1) != key
     assert memo_key(base, make_config(minConfidence=0.8), 1) != key
     assert memo_key(base, make_config(topics={"other": "x"}), 1) != key
+
+
+def test_memo_key_hashes_the_material_as_one_json_object() -> None:
+    """The configuration's part of the material is serialized once per configuration; the digest stays that of
+    the whole object as `json.dumps` writes it, so memos written before keep matching."""
+    import hashlib
+    import json
+
+    from projections.jev import FIXED_TEXTS
+
+    config = make_config()
+    routing = config.routing
+    for text in ("hi", 'é "quoted" \\ \n ünï 😀', ""):
+        turn = build_input([incoming(1, text)], "example.org")
+        material = {
+            "text": turn.text,
+            "owners": {n: o.model_dump(by_alias=True) for n, o in routing.accounts[1].items()},
+            "topics": routing.topics,
+            "kinds": {n: k.model_dump(by_alias=True) for n, k in (config.kinds_of(1) or {}).items()},
+            "minConfidence": routing.min_confidence,
+            "model": routing.model,
+            "fixed": FIXED_TEXTS,
+        }
+        digest = hashlib.sha256(json.dumps(material, sort_keys=False, ensure_ascii=False).encode()).hexdigest()
+        assert memo_key(turn, config, 1) == memo_key(turn, config, 1) == f"{turn.key}#{digest[:32]}"
