@@ -28,8 +28,10 @@ the send time taken just before the message is posted).
     .venv/bin/python bench/worker_bench.py --bootstrap 127.0.0.1:9092 --mode scale [--kafka-pid PID]
     .venv/bin/python bench/worker_bench.py --bootstrap 127.0.0.1:9092 --conversations 50 --against 377c1bf
 
-`--against REF` checks REF out into a temporary worktree with a virtual environment of its own, copies this
-file there, runs both sides alternately twice and prints the ratio of the worker's CPU per conversation.
+`--against REF` exports REF (`git archive`) into a temporary directory with a virtual environment of its own,
+copies this file there, runs both sides alternately twice and prints the ratio of the worker's CPU per conversation
+(`WORKER_BENCH_REPO=DIR` exports from DIR when this file runs from a copy of the tree). `--profile FILE` records
+the worker with py-spy (collapsed stacks) during the baseline burst; with `--against`, one FILE.<side>.<n> per run.
 """
 
 from __future__ import annotations
@@ -263,17 +265,35 @@ def records_by_topic(stack: Stack) -> dict[str, int]:
     return asyncio.run(_records_by_topic(stack.env["KAFKA_BOOTSTRAP_SERVERS"], stack.env["ROUTER_APP_ID"]))
 
 
-def run_isolation(stack: Stack, count: int) -> None:
+def start_profile(stack: Stack, out: str | None) -> subprocess.Popen[bytes] | None:
+    """`py-spy record` of the worker (collapsed stacks, `--nonblocking`: the worker is not paused), if asked."""
+    if out is None:
+        return None
+    assert stack.worker.popen is not None
+    # next to this python, or the one of the environment this bench was started from (`--against`'s other side)
+    py_spy = Path(sys.executable).with_name("py-spy")
+    if not py_spy.exists():
+        py_spy = Path(os.environ.get("WORKER_BENCH_PY_SPY") or shutil.which("py-spy") or "py-spy")
+    command = [str(py_spy), "record", "--pid", str(stack.worker.popen.pid), "--rate", "100", "--nonblocking"]
+    return subprocess.Popen([*command, "--format", "raw", "--output", out], stdout=subprocess.DEVNULL)
+
+
+def stop_profile(profiler: subprocess.Popen[bytes] | None) -> None:
+    if profiler is not None:
+        profiler.send_signal(2)  # SIGINT: py-spy writes its output and exits
+        profiler.wait(60)
+
+
+def run_isolation(stack: Stack, count: int, profile: str | None = None) -> None:
     standing_faults(stack)
     meter = CpuMeter(process_groups(stack))
     written_before = records_by_topic(stack)
+    profiler = start_profile(stack, profile)
     meter.start()
     base = run_batch(stack, count, slow_first=False)
     print(f"baseline CPU ms per conversation: {per_conversation(meter.stop(), count)}", flush=True)
-    written_after = records_by_topic(stack)
-    grew = {t: n - written_before.get(t, 0) for t, n in written_after.items() if n > written_before.get(t, 0)}
-    by_topic = ", ".join(f"{t} {n / count:.1f}" for t, n in sorted(grew.items()))
-    print(f"records written per conversation: {sum(grew.values()) / count:.1f} ({by_topic})", flush=True)
+    stop_profile(profiler)
+    print_records(written_before, records_by_topic(stack), count)
     # the 30 s rule must be found first: put it in front of the standing 200 ms rule
     stack.clear_faults()
     stack.fault(op="systemone", mode="delay", delay_ms=30_000, times=1)
@@ -388,11 +408,20 @@ def run_scale(stack: Stack, count: int, tmp: Path, kafka_pid: int | None) -> Non
     )
 
 
+def print_records(before: dict[str, int], after: dict[str, int], count: int) -> None:
+    grew = {t: n - before.get(t, 0) for t, n in after.items() if n > before.get(t, 0)}
+    by_topic = ", ".join(f"{t} {n / count:.1f}" for t, n in sorted(grew.items()))
+    print(f"records written per conversation: {sum(grew.values()) / count:.1f} ({by_topic})", flush=True)
+
+
 def run_latency(stack: Stack, count: int) -> None:
     """One conversation at a time on an idle stack: webhook -> turn end, and the router's share of it."""
     standing_faults(stack)
     logs = [stack.worker.log_path]
     latencies = []
+    written_before = records_by_topic(stack)
+    meter = CpuMeter(process_groups(stack))
+    meter.start()
     for _ in range(count):
         conversation = stack.new_conversation()
         key = f"1:{conversation}"
@@ -401,10 +430,14 @@ def run_latency(stack: Stack, count: int) -> None:
         wait_until("the turn to end", lambda key=key: key in final_turns(logs), 60, 0.02)
         latencies.append(final_turns(logs)[key][0] - sent)
     p50, p99 = statistics.median(latencies), percentile(latencies, 0.99)
+    spent = meter.stop()
+    time.sleep(3.0)  # the last conversation's states and `timers` entries reach the log at the next commit
     print(
         f"sequential: {count} conversations, webhook -> turn end p50 {1000 * p50:.0f} ms, p99 {1000 * p99:.0f} ms",
         flush=True,
     )
+    print(f"sequential CPU ms per conversation: {per_conversation(spent, count)}", flush=True)
+    print_records(written_before, records_by_topic(stack), count)
 
 
 def checkout_with_venv(ref: str, where: Path) -> Path:
@@ -413,9 +446,13 @@ def checkout_with_venv(ref: str, where: Path) -> Path:
     This bench file is copied into the checkout, so both sides measure the same way; a ref older than
     `tests/support/` (823b8a5) cannot run it.
     """
-    root = Path(__file__).resolve().parents[1]
+    # the repository to export from: this file's, or WORKER_BENCH_REPO when this file runs from a copy
+    root = Path(os.environ.get("WORKER_BENCH_REPO") or Path(__file__).resolve().parents[1])
     tree = where / "tree"
-    subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(tree), ref], check=True)
+    tree.mkdir()
+    # `git archive` only reads the repository (a worktree would add to .git/worktrees)
+    archive = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", ref], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
     if not (tree / "tests" / "support").is_dir():
         raise SystemExit(f"{ref} has no tests/support/: this bench cannot run there")
     shutil.copy(Path(__file__), tree / "bench" / "worker_bench.py")
@@ -433,19 +470,19 @@ def run_against(ref: str, forwarded: list[str]) -> int:
         python = checkout_with_venv(ref, where)
         here = [sys.executable, str(Path(__file__).resolve()), *forwarded]
         there = [str(python), str(where / "tree" / "bench" / "worker_bench.py"), *forwarded]
+        os.environ.setdefault("WORKER_BENCH_PY_SPY", str(Path(sys.executable).with_name("py-spy")))
         cpu: dict[str, list[float]] = {"this tree": [], ref: []}
-        try:
-            for _ in range(2):
-                for label, command in (("this tree", here), (ref, there)):
-                    print(f"== {label}", flush=True)
-                    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-                    print(output, end="", flush=True)
-                    for line in output.splitlines():
-                        if line.startswith("baseline CPU ms per conversation: worker "):
-                            cpu[label].append(float(line.split("worker ")[1].split(",")[0]))
-        finally:
-            root = Path(__file__).resolve().parents[1]
-            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(where / "tree")], check=False)
+        for n in range(2):
+            for label, command in (("this tree", here), (ref, there)):
+                print(f"== {label}", flush=True)
+                if "--profile" in command:  # one profile per run: <FILE>.<side>.<n>
+                    at = command.index("--profile") + 1
+                    command = [*command[:at], f"{command[at]}.{label.replace(' ', '-')}.{n + 1}", *command[at + 1 :]]
+                output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+                print(output, end="", flush=True)
+                for line in output.splitlines():
+                    if line.startswith(("baseline CPU ms per conversation: worker ", "sequential CPU ms")):
+                        cpu[label].append(float(line.split("worker ")[1].split(",")[0]))
         if cpu["this tree"] and cpu[ref]:
             mine, theirs = statistics.mean(cpu["this tree"]), statistics.mean(cpu[ref])
             ratio = mine / theirs
@@ -466,6 +503,7 @@ def main() -> int:
     parser.add_argument("--kafka-pid", type=int, help="pid of `chatwoot-router kafka`, to count the broker's CPU")
     parser.add_argument("--keep", help="keep the processes' logs and state in this directory")
     parser.add_argument("--against", metavar="REF", help="also run in a checkout of REF with its own venv; ratios")
+    parser.add_argument("--profile", metavar="FILE", help="py-spy record the worker during the baseline burst")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         tmp = Path(args.keep or scratch)
@@ -479,7 +517,7 @@ def main() -> int:
         stack.start()
         try:
             if args.mode == "isolation":
-                run_isolation(stack, args.conversations)
+                run_isolation(stack, args.conversations, args.profile)
             elif args.mode == "latency":
                 run_latency(stack, args.conversations)
             else:

@@ -97,6 +97,9 @@ DEFAULT_FRESH_READ_MS = 5000
 gaps are tens of milliseconds: docs/benchmarks.md)."""
 
 
+_UNREAD = object()  # a partition_configs slot not read yet (None is a slot with no version)
+
+
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -161,6 +164,7 @@ class WorkerService:
         self.fresh_read_ms = fresh_read_ms
         self.offsets = OffsetTracker()
         self.catch_up = CatchUp()
+        self._versions: dict[str, Any] = {}  # partition_configs slot -> version, as read (document_in_force)
         self._handlers: dict[str, Handler] = {
             "router": self.on_conversation_record,
             "effects": self.dispatch_command,
@@ -281,12 +285,20 @@ class WorkerService:
         self.states.clear()
         self.sweep_states.clear()
         self.chained.clear()
+        self._versions.clear()
 
     # --- configuration versions (DESIGN §8) ------------------------------------------------------------------
 
     def document_in_force(self, source: str, partition: int) -> ConfigDocument:
-        """The configuration partition `partition` of `source` ("conversations" or "sweeps") is folded under."""
-        version = self.tables.partition_configs.get(partition_slot(source, partition))
+        """The configuration partition `partition` of `source` ("conversations" or "sweeps") is folded under.
+
+        Read from `partition_configs` once per partition and kept: only `switch_config` changes a slot while the
+        partition is owned here, and `forget_states` drops what is kept at a rebalance (another owner may have
+        switched it meanwhile). Every record asks, and the table's get is a RocksDB read and a JSON decode."""
+        slot = partition_slot(source, partition)
+        version = self._versions.get(slot, _UNREAD)
+        if version is _UNREAD:
+            version = self._versions[slot] = self.tables.partition_configs.get(slot)
         return self.book.in_force(version) or self.own_document
 
     def latest_document(self) -> ConfigDocument:
@@ -303,6 +315,7 @@ class WorkerService:
         # a record before the marker again under the new version (the fold stays deterministic)
         await self.commit_cache()
         self.tables.partition_configs.set(partition_slot(source, partition), marker.version)
+        self._versions[partition_slot(source, partition)] = marker.version
         self.metrics.config_switches.inc()
         log.info(
             "configuration version in force", extra={"topic": source, "partition": partition, "version": marker.version}
