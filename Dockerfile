@@ -7,6 +7,7 @@ COPY schemas ./schemas
 COPY projections ./projections
 COPY handlers ./handlers
 COPY streams ./streams
+COPY sandbox ./sandbox
 RUN pip install --no-cache-dir .
 RUN useradd --create-home router && mkdir -p /var/lib/chatwoot-router && chown router /var/lib/chatwoot-router
 USER router

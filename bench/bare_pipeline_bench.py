@@ -6,7 +6,7 @@ outcomes the effect side logged) through the same per-record work as the worker,
 with `time.process_time()` (this process only; aiokafka has no threads):
 
 1. `fold`: in memory, no Kafka: decode the record (`schemas.codec`), fold it on the key's state
-   (`projections.steps.conversation_step`, i.e. `projections.fold`), encode the commands it issued, and once
+   (`projections.worker.steps.conversation_step`, i.e. `projections.fold`), encode the commands it issued, and once
    per 1000 records or at the end ("a commit") dump each changed state to JSON once. Run twice; the second
    pass is reported (the first fills caches, as a long-running worker has).
 2. `router`: the same on a bare `AIOKafkaConsumer` (manual commits) of a copy of that log (written before the
@@ -44,11 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from handlers.config_store import read_book
-from handlers.kafka_io import topic_partitions
-from handlers.kafka_topics import ensure_topics
-from projections.admission import needs_attempt_record
-from projections.steps import conversation_step
+from handlers.kafka.config_store import read_book
+from handlers.kafka.topic_io import topic_partitions
+from handlers.kafka.topics import ensure_topics
+from projections.worker.admission import needs_attempt_record
+from projections.worker.steps import conversation_step
 from schemas.codec import decode_command, decode_conversation_event, decode_marker, encode
 from schemas.configs import ConfigDocument
 from schemas.keys import is_conversation_key

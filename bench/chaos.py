@@ -59,10 +59,10 @@ import httpx
 
 from bench.chaos_verify import CONVERSATION_KEY, Evidence, Verdict, check, collect, parse_audit, read_topic
 from handlers.processes import Child
-from handlers.sandbox.scenario import from_config
+from sandbox.scenario import from_config
 from schemas.config import parse_config
-from streams.kafka_cluster import LocalCluster, start_cluster
-from streams.kafka_local import LocalKafka, free_port, start_broker
+from streams.kafka.cluster import LocalCluster, start_cluster
+from streams.kafka.local import LocalKafka, free_port, start_broker
 
 ROOT = Path(__file__).resolve().parents[1]
 USER_TOKEN = "chaos-user-token"
@@ -249,7 +249,7 @@ class Options:
     workers: int = 2
     partitions: int = 8
     broker_restarts: int = 0
-    brokers: int = 1  # 3: a local three-node cluster (streams/kafka_cluster.py); a restart hits one node
+    brokers: int = 1  # 3: a local three-node cluster (streams/kafka/cluster.py); a restart hits one node
     duration_s: float | None = None
     fault_rate: float = 0.3
     json_path: Path | None = None

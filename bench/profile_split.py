@@ -2,7 +2,7 @@
 
 Each sample's stack is put in one bucket, the first rule that matches (docs/benchmarks.md, issue 23):
 
-- the effect lanes (`handlers/lanes.py`: the executor, its HTTP calls, the chained reads), split into HTTP
+- the effect lanes (`handlers/worker/lanes.py`: the executor, its HTTP calls, the chained reads), split into HTTP
   (httpx, aiohttp), Kafka sends from a lane, and ours;
 - the agents (Faust's `Agent._execute_actor`, our handler inside it), split into ours (decode, fold, admission)
   and Faust below ours (sends, table get/set);

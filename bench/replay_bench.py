@@ -4,7 +4,8 @@ Builds a `conversations` topic of at least `--records` records by replicating th
 (`tests/golden/demo`, every conversation renamed to a new id), then in the same run, alternating:
 
 - raw: an aiokafka consumer reads the whole topic (records/s);
-- replay: `audit`'s replay (`handlers.kafka_io.read_topic` + `projections.audit.LogReplay`) reads and folds it.
+- replay: `audit`'s replay (`handlers.kafka.topic_io.read_topic` + `projections.logs.audit.LogReplay`) reads
+  and folds it.
 
 Reported: each rate and the ratio replay/raw (DESIGN §8 asks ≥ 0.5).
 
@@ -26,9 +27,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from handlers.kafka_io import read_topic, topic_partitions
-from handlers.kafka_topics import ensure_topics
-from projections.audit import LogReplay
+from handlers.kafka.topic_io import read_topic, topic_partitions
+from handlers.kafka.topics import ensure_topics
+from projections.logs.audit import LogReplay
 from tests.golden.histories import histories, settings_of
 
 PARTITIONS = 4
@@ -131,7 +132,7 @@ def run() -> None:
     if args.bootstrap:
         asyncio.run(main(args))
         return
-    from streams.kafka_local import running_broker
+    from streams.kafka.local import running_broker
 
     with running_broker(data_dir=Path(f"/tmp/replay-bench-{uuid.uuid4().hex[:6]}")) as broker:
         args.bootstrap = broker.bootstrap

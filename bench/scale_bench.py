@@ -46,11 +46,11 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from handlers.kafka_io import topic_partitions  # noqa: E402
-from handlers.kafka_topics import ensure_app_topics  # noqa: E402
-from handlers.log_reader import log_consumer  # noqa: E402
+from handlers.kafka.topic_io import topic_partitions  # noqa: E402
+from handlers.kafka.topics import ensure_app_topics  # noqa: E402
+from handlers.logs.reader import log_consumer  # noqa: E402
 from schemas.keys import partition_for  # noqa: E402
-from streams.kafka_local import free_port  # noqa: E402
+from streams.kafka.local import free_port  # noqa: E402
 from tests.golden.histories import histories, settings_of  # noqa: E402
 
 PARTITIONS = 12

@@ -51,7 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streams.kafka_local import free_port
+from streams.kafka.local import free_port
 from tests.support.processes import Process
 from tests.support.stack import Stack  # the e2e tests' stack, reused as is
 from tests.support.waiting import wait_until
@@ -240,7 +240,7 @@ async def _records_by_topic(bootstrap: str, app_id: str) -> dict[str, int]:
     """Records written so far to each of the app's topics and table changelogs (sum of end offsets)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from handlers.kafka_io import topic_partitions
+    from handlers.kafka.topic_io import topic_partitions
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()

@@ -1,7 +1,7 @@
 """Worker idle benchmark (not run by CI): does holding 10,000 durable timers cost an idle worker CPU?
 
 DESIGN §7 claims the timer scan costs what is due, not the number of conversations: the worker keeps its
-owned partitions' due times in a heap (`projections.timer_index`) and its once-a-second tick pops only what is
+owned partitions' due times in a heap (`projections.worker.timer_index`) and its once-a-second tick pops only what is
 due. This measures the claim end to end on the real stack of the end-to-end tests (sandbox, ingress, one
 worker, one broker):
 
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from worker_bench import QUESTION, cpu_seconds
 
-from projections.timer_index import TimerIndex
+from projections.worker.timer_index import TimerIndex
 from tests.support.stack import INBOX_1, Stack
 from tests.support.waiting import wait_until
 

@@ -1,7 +1,7 @@
 """What every topic of an app needs from Kafka (DESIGN §4), and what is wrong with a topic as it is.
 
 Pure: the settings the router creates each topic with, and the comparison of a described topic with them. The
-I/O (create, describe, alter) is `handlers.kafka_topics`; `chatwoot-router topics [--fix]` prints and fixes.
+I/O (create, describe, alter) is `handlers.kafka.topics`; `chatwoot-router topics [--fix]` prints and fixes.
 docs/operations.md ("Topics and their settings") gives the reasons in a table; in short:
 
 - `conversations` and `sweeps` are the event log that `replay state` folds from its first record: kept forever

@@ -4,7 +4,7 @@
     chatwoot-router audit --verify [--conversation 1:42] [--jobs N]
 
 Both replay `<app>.conversations` with the same fold the worker runs, in memory, without executing effects.
-`--conversation` reads only that conversation's partition (handlers/audit_reader.py). `--verify` rebuilds every
+`--conversation` reads only that conversation's partition (handlers/logs/audit.py). `--verify` rebuilds every
 conversation's state and compares it with the live table (its changelog topic), partition by partition and
 `--jobs` partitions at a time; any difference is a bug and is reported by key. A log whose head was deleted is
 said to be partial, with how many records are gone and from when the history is kept.
@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from handlers.audit_reader import (
+from handlers.console.render import render_conversation
+from handlers.kafka.config_store import read_book
+from handlers.logs.audit import (
     Feed,
     VerifyJob,
     read_conversation,
@@ -27,15 +29,13 @@ from handlers.audit_reader import (
     verify_partition,
     verify_plan,
 )
-from handlers.config_store import read_book
-from handlers.console.render import render_conversation
-from handlers.log_reader import key_shares
-from handlers.read_progress import ReadProgress
-from handlers.shards import ShardFailed, jobs_for, run_sharded
-from projections.audit import LogReplay, render_text
-from projections.console_model import ConsoleModel
-from projections.log_scan import History, LogScan
-from projections.verify import Verified, diff_states
+from handlers.logs.progress import ReadProgress
+from handlers.logs.reader import key_shares
+from handlers.logs.shards import ShardFailed, jobs_for, run_sharded
+from projections.console.model import ConsoleModel
+from projections.logs.audit import LogReplay, render_text
+from projections.logs.scan import History, LogScan
+from projections.logs.verify import Verified, diff_states
 from schemas.config import ConfigError, RouterConfig, load_config_file
 from schemas.configs import ConfigBook
 from streams.config_cmd import env_or_exit
@@ -134,7 +134,7 @@ def verify(
 ) -> int:
     job = VerifyJob(bootstrap, app_id, book, legacy, only_key=args.conversation)
     if args.conversation:
-        from handlers.audit_reader import conversation_partition
+        from handlers.logs.audit import conversation_partition
 
         topic = f"{app_id}.conversations"
         partition = asyncio.run(conversation_partition(bootstrap, topic, args.conversation))

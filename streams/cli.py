@@ -18,7 +18,7 @@ EXIT_INVALID_CONFIG = 2
 # name -> (module that defines `add_arguments(parser)` and `run(args) -> int`, one-line help)
 # Only commands that exist are listed here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "kafka": ("streams.kafka_local", "run a local Apache Kafka (KRaft), one node or three, for development and tests"),
+    "kafka": ("streams.kafka.command", "run a local Apache Kafka (KRaft), one node or three, for development, tests"),
     "config": ("streams.config_cmd", "validate configuration and secrets (`config check`)"),
     "sandbox": ("streams.sandbox_cmd", "serve a simulated Chatwoot and System One (with fault injection)"),
     "demo": ("streams.demo_cmd", "run the whole router on this machine with sample conversations, then report"),
@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = next((a for a in given if not a.startswith("-")), None)
     args = build_parser(chosen if chosen in SUBCOMMANDS else None).parse_args(given)
     module = importlib.import_module(args._module)
-    from handlers.kafka_rebootstrap import install
+    from handlers.kafka.rebootstrap import install
 
     install()  # every Kafka client of the command goes back to the bootstrap servers when no known broker answers
     try:

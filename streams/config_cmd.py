@@ -53,9 +53,9 @@ def apply_file(path: str) -> int:
 
     from aiokafka.errors import KafkaError
 
-    from handlers.config_store import apply, read_book
-    from handlers.kafka_retry import KafkaUnusable, print_waiting, retrying
-    from handlers.kafka_topics import ensure_app_topics
+    from handlers.kafka.config_store import apply, read_book
+    from handlers.kafka.retry import KafkaUnusable, print_waiting, retrying
+    from handlers.kafka.topics import ensure_app_topics
     from schemas.configs import ConfigDocument, FoldSettings
 
     env = env_or_exit()

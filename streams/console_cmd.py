@@ -29,11 +29,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from handlers.config_store import read_book
 from handlers.console.live import LiveConsole
 from handlers.console.server import create_app
 from handlers.console.snapshot import Snapshot, snapshot_path
 from handlers.console.sources import LogTail, Sources
+from handlers.kafka.config_store import read_book
 from handlers.logging_setup import configure_logging
 from schemas.config import RouterConfig, load_config_file
 from schemas.configs import ConfigBook

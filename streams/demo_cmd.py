@@ -25,7 +25,8 @@ from typing import Any
 import httpx
 import yaml
 
-from handlers.demo import (
+from handlers.demo.report import render
+from handlers.demo.run import (
     DemoPlayer,
     LogWatcher,
     check_expectation,
@@ -33,11 +34,10 @@ from handlers.demo import (
     load_bundled,
     main_outcome,
 )
-from handlers.demo_report import render
 from handlers.processes import ChildFailed, Supervisor
-from projections.audit import describe_outcome
+from projections.logs.audit import describe_outcome
 from schemas.config import ConfigError, parse_config
-from streams.kafka_local import KafkaLaunchError, broker_answers, ensure_jars, port_in_use
+from streams.kafka.local import KafkaLaunchError, broker_answers, ensure_jars, port_in_use
 
 RETRY_BASE_MS = 500
 SWEEP_INTERVAL_S = 20

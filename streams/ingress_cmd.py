@@ -16,9 +16,9 @@ import signal
 import sys
 from collections.abc import Mapping
 
-from handlers.ingress import IngressMetrics, KafkaWebhookWriter, SettingsFile, create_app, serve
-from handlers.ingress_conn import ConnectionGuard, ConnectionLimits
-from handlers.kafka_topics import ensure_topics, log_topic_findings
+from handlers.ingress.connections import ConnectionGuard, ConnectionLimits
+from handlers.ingress.door import IngressMetrics, KafkaWebhookWriter, SettingsFile, create_app, serve
+from handlers.kafka.topics import ensure_topics, log_topic_findings
 from handlers.logging_setup import configure_logging
 from schemas.config import RouterEnv, read_env
 from streams.config_cmd import env_or_exit, load_or_exit

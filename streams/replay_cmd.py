@@ -1,7 +1,7 @@
 """`chatwoot-router replay dlq|state`: re-publish dead-lettered records, or rebuild the tables from the log.
 
 `replay state [--to-app NEW] [--accept-partial-history] [--jobs N]` rebuilds the router's tables from the event
-log with the current fold, without executing any effect (handlers/state_rebuild.py; the cut-over procedure is in
+log with the current fold, without executing any effect (handlers/logs/state_rebuild.py; the cut-over procedure is in
 README), one partition per process, `--jobs` at a time. A log that lost records from its head is refused (exit 2,
 naming the partitions and how many records are gone) unless `--accept-partial-history`.
 
@@ -22,7 +22,7 @@ import sys
 
 from aiokafka import AIOKafkaConsumer
 
-from handlers.kafka_io import durable_producer, topic_partitions
+from handlers.kafka.topic_io import durable_producer, topic_partitions
 from schemas.config import _APP_ID as APP_ID
 from streams.config_cmd import env_or_exit
 
@@ -110,11 +110,11 @@ def replay_state(
 
     from aiokafka.errors import KafkaError
 
-    from handlers.kafka_retry import KafkaUnusable, print_waiting, retrying
-    from handlers.kafka_topics import log_topic_findings
+    from handlers.kafka.retry import KafkaUnusable, print_waiting, retrying
+    from handlers.kafka.topics import log_topic_findings
     from handlers.logging_setup import configure_logging
-    from handlers.shards import ShardFailed
-    from handlers.state_rebuild import PartialHistoryRefused, RebuildRefused, Summary, rebuild
+    from handlers.logs.shards import ShardFailed
+    from handlers.logs.state_rebuild import PartialHistoryRefused, RebuildRefused, Summary, rebuild
 
     async def checked_rebuild() -> Summary:
         await log_topic_findings(bootstrap, app_id, log_retention_ms)  # one warning per finding; goes on anyway

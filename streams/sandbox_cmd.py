@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from handlers.sandbox import run_sandbox
-from handlers.sandbox.scenario import DEFAULT_API_KEY, DEFAULT_USER_TOKEN, SAMPLE, from_config
+from sandbox import run_sandbox
+from sandbox.scenario import DEFAULT_API_KEY, DEFAULT_USER_TOKEN, SAMPLE, from_config
 from schemas.config import ConfigError, load_config_file
 
 EXIT_INVALID_CONFIG = 2
@@ -61,7 +61,7 @@ def _scenario(args: argparse.Namespace) -> dict[str, Any] | None:
             bot_secrets=_account_map("CHATWOOT_AGENT_BOT_SECRETS"),
             api_key=os.environ.get("TYPESAFE_API_KEY") or DEFAULT_API_KEY,
         )
-    return SAMPLE  # something to try at once: see handlers/sandbox/scenario.py for what it holds
+    return SAMPLE  # something to try at once: see sandbox/scenario.py for what it holds
 
 
 async def _serve(args: argparse.Namespace, scenario: dict[str, Any] | None) -> None:

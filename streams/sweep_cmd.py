@@ -12,9 +12,9 @@ import asyncio
 import sys
 import time
 
-from handlers.kafka_io import durable_producer
-from handlers.kafka_retry import KafkaUnusable, print_waiting, retrying
-from handlers.kafka_topics import ensure_app_topics
+from handlers.kafka.retry import KafkaUnusable, print_waiting, retrying
+from handlers.kafka.topic_io import durable_producer
+from handlers.kafka.topics import ensure_app_topics
 from schemas.records import SweepRequested
 from streams.config_cmd import EXIT_INVALID_CONFIG, load_or_exit
 from streams.worker.env import WorkerEnv
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INVALID_CONFIG
     accounts = [args.account] if args.account is not None else routed
     records = requests_for(accounts, time.time_ns() // 1_000_000)
-    try:  # transient broker states are waited out (handlers/kafka_retry.py); a repeated request is harmless
+    try:  # transient broker states are waited out (handlers/kafka/retry.py); a repeated request is harmless
         asyncio.run(
             retrying(
                 lambda: produce(env, records), bootstrap=env.bootstrap, on_wait=print_waiting("sweep", env.bootstrap)

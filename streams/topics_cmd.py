@@ -16,8 +16,8 @@ import sys
 
 from aiokafka.errors import KafkaError
 
-from handlers.kafka_retry import KafkaUnusable, print_waiting, retrying
-from handlers.kafka_topics import TopicReport, fix_topics, inspect_topics
+from handlers.kafka.retry import KafkaUnusable, print_waiting, retrying
+from handlers.kafka.topics import TopicReport, fix_topics, inspect_topics
 from projections.topic_settings import (
     Finding,
     app_topics,
@@ -79,7 +79,7 @@ def summary(findings: list[Finding]) -> str:
 async def list_and_fix(env: RouterEnv, fix: bool) -> int:
     """Print the listing; with `fix`, set what can be set and print what remains. Returns the exit status.
 
-    Each Kafka step waits out transient broker states (handlers/kafka_retry.py), so the listing is printed once.
+    Each Kafka step waits out transient broker states (handlers/kafka/retry.py), so the listing is printed once.
     """
     waiting = print_waiting("topics", env.bootstrap)
 

@@ -5,7 +5,7 @@
 
 Replays `<app>.conversations` under the configuration versions that were in force (`<app>.configs`; only for a
 log without any, `ROUTER_CONFIG`) and re-decides every run that reached a decision under the candidate with the
-router's own fold (projections/whatif.py). It never calls Chatwoot. With `--ask` it puts the candidate's new
+router's own fold (projections/whatif/replay.py). It never calls Chatwoot. With `--ask` it puts the candidate's new
 System One questions to the candidate's endpoint and model (`TYPESAFE_API_KEY`), answers cached under `--cache`.
 An invalid candidate is reported like `config check` (exit 2).
 """
@@ -23,12 +23,12 @@ from pathlib import Path
 
 from aiokafka.errors import KafkaError
 
-from handlers.config_store import read_book
-from handlers.log_reader import Plan
-from handlers.read_progress import ReadProgress
-from handlers.shards import ShardFailed
-from handlers.systemone import SystemOneClient
-from handlers.whatif import (
+from handlers.clients.systemone import SystemOneClient
+from handlers.kafka.config_store import read_book
+from handlers.logs.progress import ReadProgress
+from handlers.logs.reader import Plan
+from handlers.logs.shards import ShardFailed
+from handlers.logs.whatif import (
     DEFAULT_CACHE_DIR,
     DEFAULT_CONCURRENCY,
     AnswerCache,
@@ -38,10 +38,10 @@ from handlers.whatif import (
     replay,
     work_of,
 )
-from projections import whatif_tally
-from projections.whatif import Report
-from projections.whatif_render import render_html, render_text
-from projections.whatif_tally import Selection, TurnTally
+from projections.whatif import tally as whatif_tally
+from projections.whatif.render import render_html, render_text
+from projections.whatif.report import Report
+from projections.whatif.tally import Selection, TurnTally
 from schemas.config import ConfigError, RouterConfig, load_config_file
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from streams.config_cmd import EXIT_INVALID_CONFIG, env_or_exit, fail
@@ -123,7 +123,7 @@ async def _ask(
 
 
 def replay_all(job: WhatifJob, planned: Plan, jobs: int | None) -> TurnTally:
-    """`handlers.whatif.replay` with progress on stderr."""
+    """`handlers.logs.whatif.replay` with progress on stderr."""
     progress = ReadProgress("whatif", work_of(job, planned))
     try:
         return replay(job, planned, jobs, progress)

@@ -22,9 +22,9 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from handlers.config_store import apply as apply_config
-from handlers.config_store import ensure_configs_topic, read_book
-from handlers.kafka_topics import ensure_app_topics, log_topic_findings
+from handlers.kafka.config_store import apply as apply_config
+from handlers.kafka.config_store import ensure_configs_topic, read_book
+from handlers.kafka.topics import ensure_app_topics, log_topic_findings
 from handlers.logging_setup import configure_logging
 from schemas.config import ConfigError, Settings
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings

@@ -1,7 +1,7 @@
 """Shared fixtures: one real Kafka broker per test session, and a unique app id per test.
 
 The broker is `KAFKA_BOOTSTRAP_SERVERS` when set, else testcontainers' Kafka when a Docker engine answers, else
-a local Apache Kafka 4.x started by `streams.kafka_local` (DESIGN §10). Each test isolates itself by app id,
+a local Apache Kafka 4.x started by `streams.kafka.local` (DESIGN §10). Each test isolates itself by app id,
 which prefixes its topics and names its consumer group. Every test gets the marker of its directory (unit,
 integration, e2e); the helpers the tests share are in `tests/support/`.
 """
@@ -61,7 +61,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         with KafkaContainer("apache/kafka:4.1.1").with_kraft() as container:
             yield container.get_bootstrap_server()
         return
-    from streams.kafka_local import running_broker
+    from streams.kafka.local import running_broker
 
     with running_broker(data_dir=tmp_path_factory.mktemp("kafka")) as broker:
         yield broker.bootstrap

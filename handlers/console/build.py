@@ -2,7 +2,7 @@
 
 Without a snapshot the console must fold the whole log once before its overview is complete. Partitions fold
 independently, so on a log of more than `SMALL_READ` records that first fold runs one partition per process
-(handlers/shards.py), each writing its conversations' summaries into the same SQLite file and returning its
+(handlers/logs/shards.py), each writing its conversations' summaries into the same SQLite file and returning its
 partition's counts, where it stopped and the version in force there; the console merges them, commits the
 snapshot and tails on from there. The web server keeps answering meanwhile (a conversation's page is read from
 the log), and the status line counts the records folded.
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from handlers.console.snapshot import Snapshot
-from handlers.log_reader import Progress, Records, plan, read
-from projections.console_overview import OverviewCounts, OverviewFold
+from handlers.logs.reader import Progress, Records, plan, read
+from projections.console.overview import OverviewCounts, OverviewFold
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook
 

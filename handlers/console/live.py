@@ -23,14 +23,14 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from handlers.audit_reader import STATE_TABLE, live_state, start_of
 from handlers.console.build import BuildJob, Built, build_partition
 from handlers.console.snapshot import Snapshot, fits
-from handlers.kafka_topics import changelog_topic
-from handlers.log_reader import Progress, Records, Span, plan, read
-from handlers.shards import default_jobs, run_sharded
-from projections.console_model import ConsoleModel, ConversationTimeline
-from projections.console_overview import Overview, OverviewCounts, OverviewFold
+from handlers.kafka.topics import changelog_topic
+from handlers.logs.audit import STATE_TABLE, live_state, start_of
+from handlers.logs.reader import Progress, Records, Span, plan, read
+from handlers.logs.shards import default_jobs, run_sharded
+from projections.console.model import ConsoleModel, ConversationTimeline
+from projections.console.overview import Overview, OverviewCounts, OverviewFold
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument
 from schemas.keys import partition_for

@@ -11,9 +11,9 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from handlers.console.status import ConsoleStatus, TailStatus
-from projections.audit import describe_outcome
-from projections.console_layout import format_time, hours_chart, layout_timeline, step_rows
-from projections.console_model import ConversationTimeline, Overview, merge_stuck
+from projections.console.layout import format_time, hours_chart, layout_timeline, step_rows
+from projections.console.model import ConversationTimeline, Overview, merge_stuck
+from projections.logs.audit import describe_outcome
 from schemas.records import TurnOutcome
 
 LIVE_EVERY_MS = 2000

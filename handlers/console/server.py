@@ -35,7 +35,7 @@ from handlers.console.render import (
 from handlers.console.status import ConsoleStatus
 from handlers.console.whatif_page import MAX_FORM_BYTES, Page, add_whatif_routes
 from handlers.console.whatif_runs import WhatifRunner
-from projections.console_model import ConsoleModel, ConversationTimeline, Overview, parse_conversation_key
+from projections.console.model import ConsoleModel, ConversationTimeline, Overview, parse_conversation_key
 
 SESSION_COOKIE = "console_session"
 CSP = (

@@ -1,7 +1,7 @@
 """The console's snapshot: what it folded of the log, kept on local disk so a restart is instant (DESIGN §11).
 
 Folding a year of history takes minutes, and the overview needs all of it. The console therefore keeps, in one
-SQLite file, each conversation's summary (its fold state and ending: `projections/console_overview.py`), the
+SQLite file, each conversation's summary (its fold state and ending: `projections/console/overview.py`), the
 overview's counts, and per partition the next offset to read and the configuration version in force there. On
 start it loads the counts and positions and reads only what was written since; without a snapshot, or with one
 that does not fit the topic any more (fewer partitions, a position past the end: the topic was recreated), it
@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from projections.console_overview import ConversationSummary, Ending, OverviewCounts
+from projections.console.overview import ConversationSummary, Ending, OverviewCounts
 from schemas.state import ConversationState
 
 FORMAT = 1  # bumped when what is stored changes: an older snapshot is rebuilt

@@ -22,13 +22,13 @@ import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from handlers.config_store import read_book
 from handlers.console.build import SMALL_READ
 from handlers.console.live import LiveConsole
 from handlers.console.status import ConsoleStatus, TailStatus, WorkerStuck
-from handlers.log_reader import FETCH_BYTES, plan
-from projections.console_model import ConsoleModel
-from projections.log_scan import iso
+from handlers.kafka.config_store import read_book
+from handlers.logs.reader import FETCH_BYTES, plan
+from projections.console.model import ConsoleModel
+from projections.logs.scan import iso
 
 log = logging.getLogger("chatwoot_router.console")
 

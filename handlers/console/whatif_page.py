@@ -8,7 +8,7 @@ Routes (added by `add_whatif_routes`):
 - `POST /whatif` — validates the candidate as `config check` does (an error names the key path, or the line and
   column, and the form is shown again with it: 400) and the window, then starts the run and redirects to it.
 - `GET /whatif/{id}` — the run: queued or running (records read of the planned total), then the report
-  `whatif --html` writes (projections/whatif_render.py), each changed turn linked to its conversation's page.
+  `whatif --html` writes (projections/whatif/render.py), each changed turn linked to its conversation's page.
 - `GET /api/whatif/{id}` — the run's live fragment for static/console.js; `GET /api/whatif/{id}/report` — the
   report as `whatif --json` writes it.
 
@@ -36,7 +36,7 @@ from handlers.console.whatif_runs import (
     WhatifRunner,
     parse_candidate,
 )
-from projections.whatif_render import render_html_body
+from projections.whatif.render import render_html_body
 from schemas.config import ConfigError, RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument
 

@@ -2,8 +2,8 @@
 
 A run is what `chatwoot-router whatif --config CANDIDATE` does without `--ask`: read the applied configuration
 versions, plan the log (the window, one conversation's partition), re-decide every selected turn one partition
-per task with `handlers.whatif.whatif_partition`, `--jobs` processes at a time for a long log
-(`handlers.shards.run_sharded`, as the CLI), merge the partitions' `TurnTally`s (which keep the report's counts
+per task with `handlers.logs.whatif.whatif_partition`, `--jobs` processes at a time for a long log
+(`handlers.logs.shards.run_sharded`, as the CLI), merge the partitions' `TurnTally`s (which keep the report's counts
 and at most `ROW_CAP` rows of each kind) and make the same `Report` the CLI prints and `--html` writes. It runs in
 a thread of its own, so the console's other pages keep answering, and counts the records it read for the page's
 progress line. One run at a time; a few more wait their turn, and the last `KEPT` runs are kept (their reports
@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from handlers.config_store import read_book
-from handlers.whatif import WhatifJob, plan_for, replay, work_of
-from projections.whatif import Report
-from projections.whatif_tally import CONVERSATION_HINT, Selection, duration_s, instant_ms, is_conversation_key
+from handlers.kafka.config_store import read_book
+from handlers.logs.whatif import WhatifJob, plan_for, replay, work_of
+from projections.whatif.report import Report
+from projections.whatif.tally import CONVERSATION_HINT, Selection, duration_s, instant_ms, is_conversation_key
 from schemas.config import MAX_CONFIG_BYTES, ConfigError, RouterConfig, load_config_file
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 
@@ -260,7 +260,7 @@ class WhatifRunner:
                 self._forget()
 
     def log_whatif(self, run: WhatifRun) -> Report:
-        """`whatif` without `--ask` over the log, by the CLI's steps (`handlers.whatif.plan_for`, `replay`)."""
+        """`whatif` without `--ask` over the log, by the CLI's steps (`handlers.logs.whatif.plan_for`, `replay`)."""
         request, candidate = run.request, run.request.candidate
         book = asyncio.run(read_book(self.bootstrap, self.app_id))
         if not len(book):

@@ -256,7 +256,7 @@ class Folder:
 
     def saw(self, c: ConversationView) -> None:
         """Remember how recent the conversation read is: a status change Chatwoot reports after it stops the
-        mutation this read allows (`projections.admission.changed_since_read`)."""
+        mutation this read allows (`projections.worker.admission.changed_since_read`)."""
         self.set_run(read_updated_at=c.updated_at)
 
     def reread(self) -> None:

@@ -1,4 +1,4 @@
-"""Faust's tables, topics and events behind the worker service's ports (`handlers/worker_ports.py`)."""
+"""Faust's tables, topics and events behind the worker service's ports (`handlers/worker/ports.py`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any
 import faust
 from faust import streams as faust_streams
 
-from handlers.worker_ports import Headers, SourceRecord
+from handlers.worker.ports import Headers, SourceRecord
 
 
 class FaustTable:
-    """A Faust table behind `handlers.worker_ports.Table` (keys are text; Faust may hand them back as bytes)."""
+    """A Faust table behind `handlers.worker.ports.Table` (keys are text; Faust may hand them back as bytes)."""
 
     def __init__(self, table: Any) -> None:
         self.table = table
@@ -35,7 +35,7 @@ class FaustTable:
 
 
 class FaustSink:
-    """The app's topics behind `handlers.worker_ports.Sink`; `flush` also flushes the tables' changelog writes."""
+    """The app's topics behind `handlers.worker.ports.Sink`; `flush` also flushes the tables' changelog writes."""
 
     def __init__(self, app: faust.App, topics: dict[str, Any]) -> None:
         self.app = app
@@ -69,7 +69,7 @@ class _PartitionEvent:
 
 
 class FaustPartitionScope:
-    """`handlers.worker_ports.PartitionScope` for Faust tables: writes inside `with scope(p):` go to partition p.
+    """`handlers.worker.ports.PartitionScope` for Faust tables: writes inside `with scope(p):` go to partition p.
 
     A Faust table write (`table[key] = value`, its RocksDB store's put and its changelog record) takes the
     partition from `faust.streams.current_event()`, a ContextVar, and raises outside an event. The write cache

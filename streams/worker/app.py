@@ -1,6 +1,6 @@
 """The worker's Faust app: topics, tables, agents, the timer tick, the leader's sweep task and web views.
 
-Only wiring lives here; what the agents do is `handlers.worker_service.WorkerService` (docs/architecture.md).
+Only wiring lives here; what the agents do is `handlers.worker.service.WorkerService` (docs/architecture.md).
 
 Topics (`<app>.` prefix, raw bytes, decoded by `schemas.codec`): `conversations` (the event log), `effects`
 (commands), `sweeps` (sweep requests, page outcomes, sweep timers), `dlq`. All have ROUTER_PARTITIONS
@@ -15,9 +15,9 @@ guards replies, a fifth records configuration versions:
 - `conversation_state` ("acct:conv" -> `ConversationState`): `guard` is §5's `turn_guard`, `ledger` the
   `reply_ledger`, `memos` the `memo` entries, `job` + `run` the `jobs` entry; `offset` makes redelivery a no-op.
 - `sweep_state` ("acct:status" -> `SweepState`): §5's `sweep_cursor` plus the sweep job and its page.
-- `timers` (key -> `handlers.worker_timers.TimerKey`): the keys that have a due time, written when a key gains
+- `timers` (key -> `handlers.worker.timers.TimerKey`): the keys that have a due time, written when a key gains
   or loses one; the in-memory index is rebuilt from their states after a rebalance.
-- `effect_attempts` (key -> `projections.admission.Attempt`): the last command whose execution started.
+- `effect_attempts` (key -> `projections.worker.admission.Attempt`): the last command whose execution started.
 - `partition_configs` ("conversations:<p>" / "sweeps:<p>" -> version): the configuration each partition is
   folded under (DESIGN §8).
 """
@@ -32,16 +32,16 @@ from typing import Any, cast
 import faust
 from faust.web import Request, Response, View
 
-from handlers.cluster_probe import ClusterProbe
-from handlers.config_store import read_book
-from handlers.effects import EffectExecutor
-from handlers.kafka_topics import TABLES
-from handlers.lanes import Lanes
-from handlers.partition_reader import PartitionReader
-from handlers.worker_metrics import WorkerMetrics
-from handlers.worker_ports import Executor
-from handlers.worker_service import WorkerService, WorkerTables, wall_clock_ms
-from projections.offsets import TailWatch
+from handlers.kafka.cluster_probe import ClusterProbe
+from handlers.kafka.config_store import read_book
+from handlers.kafka.topics import TABLES
+from handlers.worker.effects import EffectExecutor
+from handlers.worker.lanes import Lanes
+from handlers.worker.metrics import WorkerMetrics
+from handlers.worker.partition_reader import PartitionReader
+from handlers.worker.ports import Executor
+from handlers.worker.service import WorkerService, WorkerTables, wall_clock_ms
+from projections.worker.offsets import TailWatch
 from schemas.config import Settings
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from streams.worker.adapters import FaustPartitionScope, FaustSink, FaustTable, source_record
@@ -322,7 +322,7 @@ class WorkerApp:
     async def probe_broker(self) -> None:
         """Whether the cluster answers now: a worker that cannot reach it makes no progress (/healthz 503).
 
-        One dead broker of several is not "unreachable" (handlers/cluster_probe.py)."""
+        One dead broker of several is not "unreachable" (handlers/kafka/cluster_probe.py)."""
         try:
             await asyncio.wait_for(self.cluster_probe.answer(), BROKER_PROBE_TIMEOUT_S)
         except Exception as exc:

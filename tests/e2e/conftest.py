@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from streams.kafka_local import free_port
+from streams.kafka.local import free_port
 from tests.support.kafka import read_all
 from tests.support.processes import ROOT, Process
 from tests.support.stack import (

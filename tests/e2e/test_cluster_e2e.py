@@ -1,7 +1,7 @@
 """The router on a three-node Kafka cluster (issue 26, DESIGN §10): a leader killed under load, a rolling restart,
 a broker that stays away.
 
-One local cluster (`streams.kafka_cluster`: three KRaft nodes, replication 3, min ISR 2) and one stack (the
+One local cluster (`streams.kafka.cluster`: three KRaft nodes, replication 3, min ISR 2) and one stack (the
 sandbox, the ingress, two workers with static membership) serve the three tests; each test makes its own
 conversations through the sandbox, which delivers their signed webhooks to the ingress as Chatwoot does (500s
 retried, three attempts a second apart). Every attempt's answer, the partitions' leaders and in-sync replicas
@@ -37,10 +37,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from handlers.producer_health import topic_min_isr
+from handlers.ingress.producer_health import topic_min_isr
 from projections.webhook import sign
-from streams.kafka_cluster import LocalCluster, free_port_run, registered_brokers, start_cluster
-from streams.kafka_local import free_port, port_in_use
+from streams.kafka.cluster import LocalCluster, free_port_run, registered_brokers, start_cluster
+from streams.kafka.local import free_port, port_in_use
 from tests.support.cluster import (
     FOLLOW_UP,
     Attempt,

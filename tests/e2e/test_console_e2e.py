@@ -19,14 +19,14 @@ from typing import Any
 
 import pytest
 
-from handlers.config_store import read_book
-from handlers.demo import main_outcome
-from projections.audit import LogReplay
+from handlers.demo.run import main_outcome
+from handlers.kafka.config_store import read_book
 from projections.fold import parts_of
+from projections.logs.audit import LogReplay
 from schemas.codec import decode_conversation_event
 from schemas.config import load_config_file
 from schemas.records import EffectOutcome
-from streams.kafka_local import free_port
+from streams.kafka.local import free_port
 from tests.support.kafka import read_all
 from tests.support.processes import Process
 from tests.support.stack import API_KEY, BILLING, BOT_SECRETS, BOT_TOKENS, USER_TOKEN, Stack

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from streams.kafka_local import free_port
+from streams.kafka.local import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from handlers.kafka_io import topic_partitions
+from handlers.kafka.topic_io import topic_partitions
 from tests.support.kafka import read_all
 from tests.support.stack import SALES, Stack
 from tests.support.waiting import wait_until

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from streams.kafka_local import free_port
+from streams.kafka.local import free_port
 from tests.support.processes import ROOT, Process
 from tests.support.stack import BILLING, Stack, bot_messages
 from tests.support.waiting import wait_until

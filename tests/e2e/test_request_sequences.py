@@ -30,10 +30,10 @@ import httpx
 import pytest
 import yaml
 
-from handlers.demo import DemoPlayer, LogWatcher, load_bundled
+from handlers.demo.run import DemoPlayer, LogWatcher, load_bundled
 from schemas.config import parse_config
 from streams.demo_cmd import _prepare_config
-from streams.kafka_local import free_port
+from streams.kafka.local import free_port
 from tests.e2e.conftest import Process, wait_until
 
 pytestmark = pytest.mark.e2e

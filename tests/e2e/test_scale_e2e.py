@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 
-from streams.kafka_local import free_port
+from streams.kafka.local import free_port
 from tests.support.processes import Process
 from tests.support.stack import BILLING, Stack
 from tests.support.waiting import wait_until

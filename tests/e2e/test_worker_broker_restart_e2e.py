@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.kafka_local import start_broker
+from streams.kafka.local import start_broker
 from tests.support.stack import Stack
 from tests.support.waiting import wait_until
 

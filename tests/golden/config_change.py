@@ -72,7 +72,7 @@ def broker(bootstrap: str | None) -> Iterator[str]:
     if bootstrap:
         yield bootstrap
         return
-    from streams.kafka_local import running_broker
+    from streams.kafka.local import running_broker
 
     with running_broker(data_dir=Path(tempfile.mkdtemp(prefix="golden-broker-"))) as running:
         yield running.bootstrap

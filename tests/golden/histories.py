@@ -155,8 +155,8 @@ async def record(
     With configuration versions on the log (`<app>.configs`), the history is versioned: each conversation's
     file holds its partition's markers too. Without, `config_path` and `retry_base_ms` say what was in force.
     """
-    from handlers.config_store import read_book
-    from handlers.kafka_io import read_topic
+    from handlers.kafka.config_store import read_book
+    from handlers.kafka.topic_io import read_topic
 
     by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
     markers: dict[int, list[dict[str, Any]]] = defaultdict(list)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from handlers.chatwoot import (
+from handlers.clients.chatwoot import (
     ChatwootClient,
     ChatwootError,
     ChatwootInvalidResponse,
@@ -18,10 +18,10 @@ from handlers.chatwoot import (
     ChatwootTimeout,
     ConversationMissing,
 )
-from handlers.sandbox import Sandbox, run_sandbox
-from handlers.sandbox.scenario import SAMPLE
-from handlers.systemone import JevHTTPError, JevNetworkError, JevTimeout, SystemOneClient
+from handlers.clients.systemone import JevHTTPError, JevNetworkError, JevTimeout, SystemOneClient
 from projections.jev import JevError, build_request
+from sandbox import Sandbox, run_sandbox
+from sandbox.scenario import SAMPLE
 from schemas.config import RouterConfig, parse_config
 
 USER, BOT = "user-1", "bot-5"
@@ -184,7 +184,7 @@ async def test_inbox_bot_bad_shape_is_an_error(sandbox: Sandbox, client: Chatwoo
 async def test_inbox_bot_json_404_is_unlinked_and_logged(
     client: ChatwootClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="handlers.chatwoot"):
+    with caplog.at_level(logging.INFO, logger="handlers.clients.chatwoot"):
         assert await client.get_inbox_bot(1, 999) is None
     (record,) = [r for r in caplog.records if r.getMessage() == "Chatwoot resource deleted"]
     assert record.__dict__["operation"] == "get inbox agent bot"
@@ -283,7 +283,7 @@ async def test_mutation_on_a_deleted_conversation_is_missing(sandbox: Sandbox, c
 async def test_json_404_on_a_read_is_missing_and_logged(
     sandbox: Sandbox, client: ChatwootClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="handlers.chatwoot"):
+    with caplog.at_level(logging.INFO, logger="handlers.clients.chatwoot"):
         with pytest.raises(ConversationMissing, match=r"^Chatwoot get conversation failed with HTTP 404$"):
             await client.get_conversation(1, 4242)
         with pytest.raises(ConversationMissing):

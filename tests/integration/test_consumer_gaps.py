@@ -14,8 +14,8 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from handlers.partition_reader import PartitionReader
-from handlers.worker_ports import SourceRecord
+from handlers.worker.partition_reader import PartitionReader
+from handlers.worker.ports import SourceRecord
 from schemas.config import RouterConfig, Secrets, Settings
 from streams.worker.app import WorkerApp
 from streams.worker.env import WorkerEnv

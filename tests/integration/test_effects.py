@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from handlers.effects import EffectExecutor
-from handlers.lanes import Lanes
-from handlers.sandbox import Sandbox, run_sandbox
-from handlers.sandbox.scenario import SAMPLE
+from handlers.worker.effects import EffectExecutor
+from handlers.worker.lanes import Lanes
 from projections.turn import is_confirmed_brand_reply
+from sandbox import Sandbox, run_sandbox
+from sandbox.scenario import SAMPLE
 from schemas.config import Secrets, Settings, parse_config
 from schemas.records import (
     AgentsResult,

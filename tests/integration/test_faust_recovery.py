@@ -21,7 +21,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from handlers.processes import Child
-from streams.kafka_local import free_port
+from streams.kafka.local import free_port
 from tests.support.kafka import create_topic
 
 ROOT = Path(__file__).resolve().parents[2]

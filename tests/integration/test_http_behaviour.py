@@ -20,11 +20,11 @@ import httpx
 import pytest
 from aiohttp import web
 
-from handlers.chatwoot import ChatwootClient, ChatwootError, ChatwootNetworkError, ChatwootTimeout
-from handlers.effects import EffectExecutor
-from handlers.sandbox import Sandbox, run_sandbox
-from handlers.sandbox.scenario import SAMPLE
-from handlers.systemone import JevHTTPError, JevNetworkError, JevTimeout, SystemOneClient
+from handlers.clients.chatwoot import ChatwootClient, ChatwootError, ChatwootNetworkError, ChatwootTimeout
+from handlers.clients.systemone import JevHTTPError, JevNetworkError, JevTimeout, SystemOneClient
+from handlers.worker.effects import EffectExecutor
+from sandbox import Sandbox, run_sandbox
+from sandbox.scenario import SAMPLE
 from schemas.config import Secrets, Settings, parse_config
 from schemas.records import EffectCommand, ListAgents
 

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
-from handlers.ingress import DEFAULT_PRODUCE_TIMEOUT_S, WEBHOOK_PATH, KafkaWebhookWriter, create_app
+from handlers.ingress.door import DEFAULT_PRODUCE_TIMEOUT_S, WEBHOOK_PATH, KafkaWebhookWriter, create_app
 from projections.webhook import sign
 from schemas.config import Secrets, Settings, parse_config
 from schemas.records import Transition, WebhookReceived
@@ -229,7 +229,7 @@ async def forwarder(port: int, target: str) -> AsyncIterator[None]:
 
 
 async def test_unreachable_kafka_is_a_quick_500_and_recovery_is_a_200(kafka_bootstrap: str, app_id: str) -> None:
-    from streams.kafka_local import free_port
+    from streams.kafka.local import free_port
 
     topic = f"{app_id}.conversations"
     port = free_port()  # nothing listens here yet: Kafka is "down"
@@ -248,7 +248,7 @@ async def test_unreachable_kafka_is_a_quick_500_and_recovery_is_a_200(kafka_boot
 
 async def test_broker_outage_after_connecting_is_500_then_200_when_it_returns(tmp_path: Any, app_id: str) -> None:
     """A broker of our own, stopped while the door is connected and started again on the same port."""
-    from streams.kafka_local import start_broker
+    from streams.kafka.local import start_broker
 
     broker = await asyncio.to_thread(start_broker, None, tmp_path / "kafka")
     topic = f"{app_id}.conversations"
@@ -281,7 +281,7 @@ async def test_broker_outage_after_connecting_is_500_then_200_when_it_returns(tm
 
 
 async def test_ensure_topics_is_idempotent_and_keeps_existing_partitions(kafka_bootstrap: str, app_id: str) -> None:
-    from handlers.kafka_topics import ensure_topics
+    from handlers.kafka.topics import ensure_topics
 
     topic = f"{app_id}.conversations"
     await ensure_topics(kafka_bootstrap, {topic: 2})

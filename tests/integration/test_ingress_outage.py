@@ -25,7 +25,7 @@ from aiohttp import ClientSession, ClientTimeout
 
 from handlers.logging_setup import LIBRARY_BURST, LIBRARY_INTERVAL_S
 from projections.webhook import sign
-from streams.kafka_local import LocalKafka, start_broker
+from streams.kafka.local import LocalKafka, start_broker
 from tests.support.env import router_env
 from tests.support.kafka import read_topic
 

@@ -1,4 +1,4 @@
-"""A Kafka client that knows only dead brokers asks the bootstrap servers again (handlers/kafka_rebootstrap.py).
+"""A Kafka client that knows only dead brokers asks the bootstrap servers again (handlers/kafka/rebootstrap.py).
 
 The client's cluster layout is replaced by one broker that does not exist (what a client is left with when the
 only brokers its last metadata listed have died); its next metadata update must still find the real broker."""
@@ -10,8 +10,8 @@ import asyncio
 from aiokafka.client import AIOKafkaClient
 from aiokafka.structs import BrokerMetadata
 
-from handlers import kafka_rebootstrap
-from streams.kafka_local import free_port
+from handlers.kafka import rebootstrap as kafka_rebootstrap
+from streams.kafka.local import free_port
 
 GONE = 9999  # a node id no broker has
 

@@ -21,18 +21,18 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.records_to_delete import RecordsToDelete
 
-from handlers.audit_reader import VerifyJob, read_conversation, verify_partition
-from handlers.config_store import apply
 from handlers.console.live import LiveConsole
 from handlers.console.snapshot import Snapshot
 from handlers.console.sources import LogTail
-from handlers.kafka_topics import ensure_app_topics
-from handlers.log_reader import plan, read
-from handlers.state_rebuild import rebuild
-from handlers.whatif import CLOCK_SKEW_MS, WhatifJob, whatif_partition, window_keys
-from projections.audit import LogReplay, render_text
-from projections.console_model import ConsoleModel
-from projections.whatif_tally import Selection
+from handlers.kafka.config_store import apply
+from handlers.kafka.topics import ensure_app_topics
+from handlers.logs.audit import VerifyJob, read_conversation, verify_partition
+from handlers.logs.reader import plan, read
+from handlers.logs.state_rebuild import rebuild
+from handlers.logs.whatif import CLOCK_SKEW_MS, WhatifJob, whatif_partition, window_keys
+from projections.console.model import ConsoleModel
+from projections.logs.audit import LogReplay, render_text
+from projections.whatif.tally import Selection
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.keys import partition_for
 from tests.golden.histories import histories, settings_of
@@ -267,7 +267,7 @@ async def test_a_long_partition_is_folded_in_passes_over_shares_of_its_keys(
 ) -> None:
     """Memory stays flat however long a partition is: each pass folds a share of its keys; the answers are the
     same as in one pass."""
-    import handlers.log_reader
+    import handlers.logs.reader
 
     document, _ = await applied_log(kafka_bootstrap, app_id, 10)
     book = ConfigBook([document])
@@ -275,8 +275,8 @@ async def test_a_long_partition_is_folded_in_passes_over_shares_of_its_keys(
     one = [await verify_partition(VerifyJob(kafka_bootstrap, app_id, book), p) for p in range(PARTITIONS)]
     job = WhatifJob(kafka_bootstrap, f"{app_id}.conversations", book, candidate, Selection())
     whatif_one = [await whatif_partition(job, p) for p in range(PARTITIONS)]
-    monkeypatch.setattr(handlers.log_reader, "PASS_RECORDS", 40)
-    assert len(handlers.log_reader.key_shares(100)) == 3
+    monkeypatch.setattr(handlers.logs.reader, "PASS_RECORDS", 40)
+    assert len(handlers.logs.reader.key_shares(100)) == 3
     summary = await rebuild(kafka_bootstrap, app_id, jobs=1, show_progress=False)
     assert summary.conversations == 10 and summary.undecodable == 0
     many = [await verify_partition(VerifyJob(kafka_bootstrap, app_id, book), p) for p in range(PARTITIONS)]

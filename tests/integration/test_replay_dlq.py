@@ -6,7 +6,7 @@ import asyncio
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from handlers.kafka_topics import ensure_topics
+from handlers.kafka.topics import ensure_topics
 from streams.replay_cmd import replay_dlq
 
 

@@ -18,10 +18,10 @@ import httpx
 import pytest
 from aiohttp import web
 
-from handlers.chatwoot import ChatwootClient
-from handlers.sandbox import Sandbox, run_sandbox
-from handlers.sandbox.scenario import SAMPLE, from_config
-from handlers.sandbox.world import BOT_FAILURE_TEXT
+from handlers.clients.chatwoot import ChatwootClient
+from sandbox import Sandbox, run_sandbox
+from sandbox.scenario import SAMPLE, from_config
+from sandbox.world import BOT_FAILURE_TEXT
 from schemas.config import parse_config
 
 USER, BOT = "user-1", "bot-5"

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from handlers.sandbox import Sandbox, run_sandbox
-from handlers.sandbox.scenario import SAMPLE
+from sandbox import Sandbox, run_sandbox
+from sandbox.scenario import SAMPLE
 
 USER, BOT = "user-1", "bot-5"
 

@@ -17,7 +17,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from handlers.kafka_topics import log_topic_findings
+from handlers.kafka.topics import log_topic_findings
 from projections.topic_settings import DLQ_RETENTION_MS, Kind, app_topics
 from tests.support.env import router_env
 

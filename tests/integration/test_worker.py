@@ -18,7 +18,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas.records import WebhookReceived
-from streams.kafka_local import free_port
+from streams.kafka.local import free_port
 from tests.support.env import router_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The three-node cluster from a test (`streams.kafka_cluster`): faults on a timeline, the partitions' leaders and
+"""The three-node cluster from a test (`streams.kafka.cluster`): faults on a timeline, the partitions' leaders and
 in-sync replicas over time, samples of a `/healthz`, a steady feed of conversations through the sandbox, and what
 the webhooks' answers say about the door.
 
@@ -20,7 +20,7 @@ import httpx
 from aiokafka.admin import AIOKafkaAdminClient
 
 from schemas.keys import partition_for
-from streams.kafka_cluster import MIN_INSYNC_REPLICAS, LocalCluster
+from streams.kafka.cluster import MIN_INSYNC_REPLICAS, LocalCluster
 
 QUESTION = "I was charged twice on my invoice, please refund the payment"
 FOLLOW_UP = "Any news about my refund?"

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from handlers import kafka_io
+from handlers.kafka import topic_io as kafka_io
 
 
 async def create_topic(bootstrap: str, name: str, partitions: int) -> None:

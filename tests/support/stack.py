@@ -17,9 +17,9 @@ from typing import Any
 
 import httpx
 
-from handlers.sandbox.scenario import from_config
+from sandbox.scenario import from_config
 from schemas.config import parse_config
-from streams.kafka_local import free_port
+from streams.kafka.local import free_port
 from tests.support.env import outside_env
 from tests.support.processes import ROOT, Process
 from tests.support.waiting import wait_until

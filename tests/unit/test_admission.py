@@ -1,8 +1,8 @@
-"""The effect side executes a command only while its run awaits that very copy (projections.admission)."""
+"""The effect side executes a command only while its run awaits that very copy (projections.worker.admission)."""
 
 from __future__ import annotations
 
-from projections.admission import Attempt, admit, needs_attempt_record
+from projections.worker.admission import Attempt, admit, needs_attempt_record
 from schemas.records import EffectCommand, GetConversation, ReadTurn, SetLabels, ToggleStatus
 from tests.unit.test_fold_driver import ACCOUNT, CONV, T0, Driver, incoming
 

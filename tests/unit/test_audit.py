@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from projections.audit import ConversationTrail, render_text
+from projections.logs.audit import ConversationTrail, render_text
 from tests.unit.test_fold_driver import Driver, decision, incoming
 
 
@@ -64,7 +64,7 @@ def test_verify_reports_every_key_whose_replayed_state_differs_from_the_live_tab
 
 
 def test_log_replay_counts_records_that_are_not_conversation_events() -> None:
-    from projections.audit import LogReplay
+    from projections.logs.audit import LogReplay
 
     driver = Driver()
     driver.chatwoot.messages = [incoming(1, "I was charged twice for my invoice")]

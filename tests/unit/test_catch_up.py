@@ -1,11 +1,11 @@
-"""The catch-up gate of a new owner's mutations (handlers/catch_up.py): a head it could not look up at assignment
+"""The catch-up gate of a new owner's mutations (handlers/worker/catch_up.py): a head it could not look up at assignment
 holds the partition's mutations until a later lookup finds it and the fold passes it."""
 
 from __future__ import annotations
 
 import asyncio
 
-from handlers.catch_up import CatchUp
+from handlers.worker.catch_up import CatchUp
 
 
 def test_a_partition_whose_head_is_unknown_is_behind_until_its_head_is_learned_and_passed() -> None:

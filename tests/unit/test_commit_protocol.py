@@ -12,8 +12,8 @@ import pytest
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
-from handlers.worker_ports import Headers, MemorySink, MemoryTable
-from handlers.worker_service import WorkerService, WorkerTables
+from handlers.worker.ports import Headers, MemorySink, MemoryTable
+from handlers.worker.service import WorkerService, WorkerTables
 from projections.fold import wakeup_of
 from schemas.codec import decode_command
 from schemas.configs import ConfigDocument, FoldSettings
@@ -70,7 +70,7 @@ async def test_a_crash_with_a_dirty_cache_folds_the_records_after_the_committed_
     """Failure point 3a in-process: the records after the committed offset are folded again from the committed
     state to the states and command ids the dead process had, and the commands consumed again do not run.
 
-    What it rests on is the fold's determinism and the admission of `projections/admission.py` (both older than
+    What it rests on is the fold's determinism and the admission of `projections/worker/admission.py` (both older than
     the cache); the commit's own guard, the hook before Faust's commit, is shown to matter by
     `test_a_crash_right_after_an_offset_commit_finds_every_record_below_it_in_the_table`. Shown to fail when a
     guard is removed (2026-12-02): with `WorkerService.awaited_command` answering the command itself (every copy

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from projections.audit import LogReplay
+from projections.logs.audit import LogReplay
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings, config_version
 from schemas.records import ConfigApplied, WebhookReceived, parse_marker
 from tests.unit.test_fold_driver import ACCOUNT, CONV, T0, make_config

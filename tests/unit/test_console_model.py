@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from projections.console_layout import TimeScale, format_duration, layout_timeline, step_rows
-from projections.console_model import (
+from projections.console.layout import TimeScale, format_duration, layout_timeline, step_rows
+from projections.console.model import (
     ConsoleModel,
     describe_cause,
     merge_stuck,

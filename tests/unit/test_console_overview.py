@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from handlers.console.snapshot import Snapshot, fits
-from projections.console_model import ConsoleModel
-from projections.console_overview import MemoryStore, OverviewFold
+from projections.console.model import ConsoleModel
+from projections.console.overview import MemoryStore, OverviewFold
 from schemas.configs import ConfigBook
 from tests.unit.test_fold_driver import T0, Driver, decision, incoming
 

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 from handlers.console.render import render_conversation
 from handlers.console.server import SESSION_COOKIE, create_app
 from handlers.console.status import ConsoleStatus, TailStatus, WorkerStuck
-from projections.console_model import ConsoleModel
+from projections.console.model import ConsoleModel
 from streams.console_cmd import is_loopback, resolve_token
 from tests.unit.test_fold_driver import T0, Driver, decision, incoming
 

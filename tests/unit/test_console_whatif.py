@@ -25,7 +25,7 @@ from handlers.console.whatif_runs import (
     WhatifRunner,
     parse_candidate,
 )
-from projections.whatif import Report
+from projections.whatif.report import Report
 from schemas.config import ConfigError, parse_config
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from tests.unit.test_console_server import StubSources, routed_model

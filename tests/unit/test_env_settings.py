@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from schemas.config import ConfigError, RouterEnv, load_config_file, load_settings, read_env
-from streams.kafka_local import _CLUSTER_ID, _cluster_id, _saved_cluster_id
+from streams.kafka.local import _CLUSTER_ID, _cluster_id, _saved_cluster_id
 from streams.worker.env import WorkerEnv, read_worker_env
 
 

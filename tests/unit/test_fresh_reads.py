@@ -13,11 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from handlers.lanes import Lanes
-from handlers.worker_ports import MemorySink, SourceRecord
-from handlers.worker_service import DEFAULT_FRESH_READ_MS, WorkerService, WorkerTables
-from projections.admission import changed_since_read, read_is_fresh
+from handlers.worker.lanes import Lanes
+from handlers.worker.ports import MemorySink, SourceRecord
+from handlers.worker.service import DEFAULT_FRESH_READ_MS, WorkerService, WorkerTables
 from projections.fold import fold_parts
+from projections.worker.admission import changed_since_read, read_is_fresh
 from schemas.codec import decode_command, decode_conversation_event
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings

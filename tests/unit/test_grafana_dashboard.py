@@ -15,8 +15,8 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from handlers.ingress import IngressMetrics
-from handlers.worker_metrics import WorkerMetrics
+from handlers.ingress.door import IngressMetrics
+from handlers.worker.metrics import WorkerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "chatwoot-router.json"

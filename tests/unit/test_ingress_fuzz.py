@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from handlers.ingress import create_app, delivery_id_of, serve
-from handlers.ingress_conn import ConnectionGuard, ConnectionLimits
+from handlers.ingress.connections import ConnectionGuard, ConnectionLimits
+from handlers.ingress.door import create_app, delivery_id_of, serve
 from handlers.logging_setup import RateLimitedStreamHandler
 from projections.webhook import MAX_BODY_BYTES, sign
 from tests.unit.test_webhook_app import NOW_MS, NOW_S, SECRETS, SETTINGS, MemoryWriter, message

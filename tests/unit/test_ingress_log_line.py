@@ -16,7 +16,7 @@ import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
-from handlers.ingress import WEBHOOK_PATH, create_app
+from handlers.ingress.door import WEBHOOK_PATH, create_app
 from handlers.logging_setup import JsonFormatter, LogLimiter, RateLimitedStreamHandler, log_line
 from tests.unit.test_webhook_app import NOW_MS, SETTINGS, MemoryWriter, message, signed
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import pytest
 from aiohttp import ClientSession
 
-from handlers.ingress import IngressMetrics, create_app, serve
-from handlers.ingress_conn import ConnectionGuard, ConnectionLimits
+from handlers.ingress.connections import ConnectionGuard, ConnectionLimits
+from handlers.ingress.door import IngressMetrics, create_app, serve
 from projections.webhook import sign
 from tests.support.waiting import within
 from tests.unit.test_webhook_app import NOW_MS, NOW_S, SECRETS, SETTINGS, MemoryWriter, message

@@ -26,7 +26,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import PartitionMetadata
 
-from handlers.ingress import KafkaWebhookWriter
+from handlers.ingress.door import KafkaWebhookWriter
 
 TOPIC = "t.conversations"
 

@@ -1,12 +1,12 @@
-"""The local three-node cluster's configuration (streams/kafka_cluster.py), without starting it: each node a broker
+"""The local three-node cluster's configuration (streams/kafka/cluster.py), without starting it: each node a broker
 and a controller of one quorum of three, replication 3 and min ISR 2 everywhere, consecutive client ports."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from streams.kafka_cluster import free_port_run, node_properties
-from streams.kafka_local import port_in_use
+from streams.kafka.cluster import free_port_run, node_properties
+from streams.kafka.local import port_in_use
 
 VOTERS = "1@127.0.0.1:9100,2@127.0.0.1:9101,3@127.0.0.1:9102"
 

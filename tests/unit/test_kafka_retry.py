@@ -11,9 +11,9 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
-from handlers.kafka_alter_configs import IncrementalAlterConfigsRequest, IncrementalAlterConfigsRequest_v0
-from handlers.kafka_retry import KafkaUnusable, is_transient, retrying
-from handlers.kafka_topics import TopicCreationError
+from handlers.kafka.alter_configs import IncrementalAlterConfigsRequest, IncrementalAlterConfigsRequest_v0
+from handlers.kafka.retry import KafkaUnusable, is_transient, retrying
+from handlers.kafka.topics import TopicCreationError
 
 
 class FakeTime:

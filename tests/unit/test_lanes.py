@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from handlers.lanes import Lanes
+from handlers.worker.lanes import Lanes
 
 DEADLINE_S = 5.0
 
@@ -155,7 +155,7 @@ async def test_an_error_is_logged_and_the_lane_goes_on(caplog: pytest.LogCapture
     async def fine() -> None:
         done.append(1)
 
-    with caplog.at_level(logging.ERROR, logger="handlers.lanes"):
+    with caplog.at_level(logging.ERROR, logger="handlers.worker.lanes"):
         await lanes.submit("1:1", 1, broken)
         await lanes.submit("1:1", 1, fine)
         async with asyncio.timeout(DEADLINE_S):

@@ -8,12 +8,13 @@ import functools
 import io
 import signal
 
-from handlers.read_progress import ReadProgress
-from handlers.shards import run_sharded
-from projections.log_scan import History, PartitionHead, conversation_scan
-from projections.verify import Verified, diff_states
-from projections.whatif import TurnRecorder, build_report
-from projections.whatif_tally import Selection, TurnTally
+from handlers.logs.progress import ReadProgress
+from handlers.logs.shards import run_sharded
+from projections.logs.scan import History, PartitionHead, conversation_scan
+from projections.logs.verify import Verified, diff_states
+from projections.whatif.record import TurnRecorder
+from projections.whatif.report import build_report
+from projections.whatif.tally import Selection, TurnTally
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.records import ConfigApplied
 from schemas.state import ConversationState

@@ -1,8 +1,8 @@
-"""Every record of an owned partition is folded once, in order (projections.offsets)."""
+"""Every record of an owned partition is folded once, in order (projections.worker.offsets)."""
 
 from __future__ import annotations
 
-from projections.offsets import OffsetTracker
+from projections.worker.offsets import OffsetTracker
 
 A = ("app.conversations", 0)
 B = ("app.conversations", 1)
@@ -63,7 +63,7 @@ def test_a_revoked_partition_is_forgotten() -> None:
 
 def test_a_quiet_partition_stopped_short_of_its_last_records_is_fetched_again() -> None:
     """The record Faust dropped was the partition's last: no later record will ever reveal the gap."""
-    from projections.offsets import TailWatch
+    from projections.worker.offsets import TailWatch
 
     watch = TailWatch(stall_ms=10_000)
     assert not watch.stuck(A, expected=298, highwater=299, now_ms=0)
@@ -74,7 +74,7 @@ def test_a_quiet_partition_stopped_short_of_its_last_records_is_fetched_again() 
 
 
 def test_a_backlog_being_worked_through_or_a_caught_up_partition_is_left_alone() -> None:
-    from projections.offsets import TailWatch
+    from projections.worker.offsets import TailWatch
 
     watch = TailWatch(stall_ms=10_000)
     for second, expected in enumerate(range(100, 130)):

@@ -1,4 +1,4 @@
-"""The door's reading of Kafka (handlers/producer_health.py): which failed writes break the producer, and which
+"""The door's reading of Kafka (handlers/ingress/producer_health.py): which failed writes break the producer, and which
 partitions an acks=all write can be acknowledged on, read from aiokafka's own metadata structure."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.metadata import MetadataResponse_v0
 
-from handlers.producer_health import PartitionState, breaks_producer, partition_states, writable_partitions
+from handlers.ingress.producer_health import PartitionState, breaks_producer, partition_states, writable_partitions
 
 BROKEN = [OutOfOrderSequenceNumber(), UnknownProducerId(), ProducerFenced(), ProducerClosed(), KafkaError("sender")]
 BUSY = [

@@ -139,7 +139,7 @@ def test_projection_module_is_pure(path: Path) -> None:
         "from urllib.request import urlopen",
         "from aiokafka import AIOKafkaProducer",
         "import logging",
-        "from handlers.effects import EffectExecutor",
+        "from handlers.worker.effects import EffectExecutor",
         "from datetime import datetime\nx = datetime.now()",
         "import datetime\nx = datetime.date.today()",
         "from datetime import datetime\nx = datetime.fromtimestamp(0)",

@@ -1,9 +1,9 @@
-"""`replay state` folds the log into exactly the table values a worker holds (projections.rebuild)."""
+"""`replay state` folds the log into exactly the table values a worker holds (projections.logs.rebuild)."""
 
 from __future__ import annotations
 
 from projections.fold import wakeup_of
-from projections.rebuild import TableBuilder
+from projections.logs.rebuild import TableBuilder
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.records import ConfigApplied
 from schemas.state import ConversationState

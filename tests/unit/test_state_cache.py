@@ -9,8 +9,8 @@ from contextlib import contextmanager
 import pytest
 from pydantic import ValidationError
 
-from handlers.state_cache import ModelCache
-from handlers.worker_ports import MemoryTable
+from handlers.worker.ports import MemoryTable
+from handlers.worker.state_cache import ModelCache
 from schemas.state import ConversationState, Job
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from projections.timer_index import TimerIndex
+from projections.worker.timer_index import TimerIndex
 
 
 def test_fires_only_what_is_due_in_order_of_due_time() -> None:

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from handlers.ingress import WEBHOOK_PATH, SettingsFile, create_app
+from handlers.ingress.door import WEBHOOK_PATH, SettingsFile, create_app
 from handlers.logging_setup import JsonFormatter
 from projections.webhook import MAX_BODY_BYTES, sign
 from schemas.config import ConfigError, Secrets, Settings, parse_config

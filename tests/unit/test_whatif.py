@@ -14,17 +14,10 @@ from pydantic import TypeAdapter
 
 from projections.fold import Event
 from projections.jev import build_request
-from projections.whatif import (
-    RecordedTurn,
-    Report,
-    TurnRecorder,
-    build_report,
-    compare_turn,
-    config_diff,
-    question_digest,
-    select,
-)
-from projections.whatif_render import render_html, render_text
+from projections.whatif.record import RecordedTurn, TurnRecorder
+from projections.whatif.render import render_html, render_text
+from projections.whatif.replay import compare_turn, question_digest
+from projections.whatif.report import Report, build_report, config_diff, select
 from schemas.config import RouterConfig, parse_config
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.records import ConfigApplied

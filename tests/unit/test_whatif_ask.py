@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from handlers.systemone import SystemOneClient
-from handlers.whatif import AnswerCache, ask
+from handlers.clients.systemone import SystemOneClient
+from handlers.logs.whatif import AnswerCache, ask
 from projections.jev import build_request
-from projections.whatif import Question, question_digest
+from projections.whatif.replay import Question, question_digest
 from streams.whatif_cmd import conversation_key, duration_s, instant_ms
 from tests.unit.test_fold_driver import make_config
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from handlers.worker_metrics import WorkerMetrics
+from handlers.worker.metrics import WorkerMetrics
 from schemas.records import TurnOutcome
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from handlers.lanes import Lanes
-from handlers.worker_ports import MemorySink, MemoryTable, SourceRecord
-from handlers.worker_service import WorkerService, WorkerTables
+from handlers.worker.lanes import Lanes
+from handlers.worker.ports import MemorySink, MemoryTable, SourceRecord
+from handlers.worker.service import WorkerService, WorkerTables
 from projections.fold import parts_of, wakeup_of
 from schemas.codec import decode_command, decode_conversation_event
 from schemas.config import RouterConfig
@@ -36,7 +36,7 @@ AGENT_OF = {"conversations": "router", "effects": "effects", "sweeps": "sweeper"
 
 
 class FakeExecutor:
-    """Runs commands against a `FakeChatwoot`, as `handlers.effects.EffectExecutor` does against HTTP."""
+    """Runs commands against a `FakeChatwoot`, as `handlers.worker.effects.EffectExecutor` does against HTTP."""
 
     def __init__(self, chatwoot: FakeChatwoot) -> None:
         self.chatwoot = chatwoot
@@ -171,7 +171,7 @@ async def test_a_webhook_is_routed_to_its_owner_through_the_service() -> None:
     assert wakeup_of(state(tables)) is None and service.timers.pending() == 0  # nothing due any more
     assert tables.timers.get(KEY) is None  # nor listed
     assert isinstance(tables.timers, MemoryTable) and tables.timers.writes == 2  # listed once, unlisted once
-    async with asyncio.timeout(5):  # the turn ended: its lane gave its slots back (handlers/lanes.py)
+    async with asyncio.timeout(5):  # the turn ended: its lane gave its slots back (handlers/worker/lanes.py)
         while service.lanes.lane_count:
             await asyncio.sleep(0)
 

@@ -1,0 +1,1 @@
+"""HTTP clients of Chatwoot and System One, and the HTTP client they share."""

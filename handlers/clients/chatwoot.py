@@ -1,0 +1,299 @@
+"""The Chatwoot REST client: the calls of behavior.md §10.2, and nothing else.
+
+Errors carry only the HTTP status and an operation name, never a body or a token, because they end up in logs
+and on the event log. Redirects are never followed (a token must not travel to another host), and every
+request is counted so the caller can charge it against the run's budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from handlers.clients.http_client import new_http_client
+from schemas.chatwoot import (
+    Agent,
+    CannedResponse,
+    Conversation,
+    ConversationPage,
+    InboxBot,
+    Message,
+    MessagePage,
+)
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = 60.0
+M = TypeVar("M", bound=BaseModel)
+
+
+class ChatwootError(Exception):
+    """A failed Chatwoot call: `status` is the HTTP status, or None when no response arrived."""
+
+    def __init__(self, operation: str, status: int | None, message: str | None = None) -> None:
+        self.operation = operation
+        self.status = status
+        super().__init__(message or f"Chatwoot {operation} failed with HTTP {status}")
+
+    @property
+    def missing(self) -> bool:
+        """True when Chatwoot said the conversation (or other resource) does not exist."""
+        return False
+
+
+class ConversationMissing(ChatwootError):
+    """A 404 with a JSON body: the resource is gone (behavior.md §10.3)."""
+
+    def __init__(self, operation: str) -> None:
+        super().__init__(operation, 404)
+
+    @property
+    def missing(self) -> bool:
+        return True
+
+
+class ChatwootNetworkError(ChatwootError):
+    """No response: connection refused or reset, DNS failure, protocol error."""
+
+    def __init__(self, operation: str) -> None:
+        super().__init__(operation, None, f"Chatwoot {operation} failed: network error")
+
+
+class ChatwootTimeout(ChatwootNetworkError):
+    """No complete response within the 60-second limit, body included (behavior.md §4.6)."""
+
+    def __init__(self, operation: str) -> None:
+        ChatwootError.__init__(self, operation, None, f"Chatwoot {operation} timed out")
+
+
+class ChatwootInvalidResponse(ChatwootError):
+    """A 2xx whose body does not have the shape the rules rely on."""
+
+    def __init__(self, operation: str, status: int, reason: str = "an invalid response") -> None:
+        super().__init__(operation, status, f"Chatwoot {operation} returned {reason}")
+
+
+class ChatwootForeignBot(ChatwootInvalidResponse):
+    """The inbox is linked to a system bot or another account's bot: the router must not act (Decisions 9)."""
+
+    def __init__(self, operation: str, status: int) -> None:
+        super().__init__(operation, status, "a bot that does not belong to the account")
+
+
+class ChatwootClient:
+    """Calls Chatwoot for one installation; `requests` counts the HTTP requests this instance made.
+
+    Use `metered()` for a view that shares the connection pool but counts on its own, so one executor lane
+    can charge exactly its own requests to its run's budget.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        user_token: str,
+        bot_tokens: Mapping[int, str],
+        *,
+        http: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout_s: float = TIMEOUT_S,
+    ) -> None:
+        self._base = base_url.rstrip("/")
+        self._user_token = user_token
+        self._bot_tokens = dict(bot_tokens)
+        self._http = http or new_http_client(transport)
+        self._owns_http = http is None
+        self._timeout_s = timeout_s
+        self.requests = 0
+
+    def metered(self) -> ChatwootClient:
+        """A client sharing this one's connections and tokens, with its own request counter at 0."""
+        view = object.__new__(ChatwootClient)
+        view.__dict__.update(self.__dict__)
+        view._owns_http = False
+        view.requests = 0
+        return view
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> ChatwootClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # --- plumbing -----------------------------------------------------------------------------------------
+
+    def _bot_token(self, account_id: int) -> str:
+        token = self._bot_tokens.get(account_id)
+        if token is None:
+            raise ChatwootError("bot token lookup", None, f"no agent-bot token for account {account_id}")
+        return token
+
+    async def _call(
+        self,
+        operation: str,
+        method: str,
+        path: str,
+        token: str,
+        *,
+        params: Mapping[str, str | int] | None = None,
+        json: Any = None,
+    ) -> httpx.Response:
+        """One request with the common rules of §10.1; returns a 2xx response with its body read."""
+        self.requests += 1
+        headers = {"api_access_token": token, "accept": "application/json"}
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                response = await self._http.request(
+                    method,
+                    self._base + path,
+                    params=params,
+                    json=json,
+                    headers=headers,
+                    follow_redirects=False,
+                    timeout=self._timeout_s,
+                )
+        except (TimeoutError, httpx.TimeoutException):
+            raise ChatwootTimeout(operation) from None
+        except httpx.HTTPError:
+            raise ChatwootNetworkError(operation) from None
+        if 200 <= response.status_code < 300:
+            return response
+        if response.status_code == 404 and "application/json" in response.headers.get("content-type", ""):
+            if method == "GET":
+                log.info("Chatwoot resource deleted", extra={"operation": operation})
+            raise ConversationMissing(operation)
+        raise ChatwootError(operation, response.status_code)
+
+    @staticmethod
+    def _json(operation: str, response: httpx.Response) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            raise ChatwootInvalidResponse(operation, response.status_code, "a body that is not JSON") from None
+
+    def _model(self, model: type[M], operation: str, response: httpx.Response) -> M:
+        try:
+            return model.model_validate(self._json(operation, response))
+        except ValidationError:
+            raise ChatwootInvalidResponse(operation, response.status_code) from None
+
+    def _account(self, account_id: int) -> str:
+        return f"/api/v1/accounts/{account_id}"
+
+    def _conversation(self, account_id: int, conversation_id: int) -> str:
+        return f"/api/v1/accounts/{account_id}/conversations/{conversation_id}"
+
+    # --- reads (user token) -------------------------------------------------------------------------------
+
+    async def get_conversation(self, account_id: int, conversation_id: int) -> Conversation:
+        """The conversation's live state; raises ConversationMissing when it was deleted."""
+        op = "get conversation"
+        response = await self._call(op, "GET", self._conversation(account_id, conversation_id), self._user_token)
+        return self._model(Conversation, op, response)
+
+    async def list_messages(self, account_id: int, conversation_id: int, before: int | None = None) -> MessagePage:
+        """Up to 20 messages (oldest first), those with id < `before` when given."""
+        op = "list messages"
+        path = self._conversation(account_id, conversation_id) + "/messages"
+        params = {"before": before} if before is not None else None
+        response = await self._call(op, "GET", path, self._user_token, params=params)
+        return self._model(MessagePage, op, response)
+
+    async def get_inbox_bot(self, account_id: int, inbox_id: int) -> InboxBot | None:
+        """The inbox's account bot, or None when unlinked (or the inbox is gone).
+
+        A system bot or another account's bot is an error: the router must not act for it (Decisions 9).
+        """
+        op = "get inbox agent bot"
+        path = f"{self._account(account_id)}/inboxes/{inbox_id}/agent_bot"
+        try:
+            response = await self._call(op, "GET", path, self._user_token)
+        except ConversationMissing:
+            return None
+        body = self._json(op, response)
+        if not isinstance(body, dict):
+            raise ChatwootInvalidResponse(op, response.status_code)
+        raw = body.get("agent_bot")
+        if raw is None or (isinstance(raw, dict) and raw.get("id") is None):
+            return None
+        try:
+            bot = InboxBot.model_validate(raw)
+        except ValidationError:
+            raise ChatwootInvalidResponse(op, response.status_code) from None
+        if bot.account_id != account_id:
+            raise ChatwootForeignBot(op, response.status_code)
+        return bot
+
+    async def list_conversations(self, account_id: int, status: str, page: int) -> ConversationPage:
+        """One page (25 rows) of the account's conversations with `status`, any assignee (sweep, §5)."""
+        op = "list conversations"
+        params: dict[str, str | int] = {"status": status, "assignee_type": "all", "page": page}
+        try:
+            response = await self._call(
+                op, "GET", f"{self._account(account_id)}/conversations", self._user_token, params=params
+            )
+        except ConversationMissing:
+            raise ChatwootError(op, 404) from None
+        try:
+            return ConversationPage.from_response(self._json(op, response))
+        except ValidationError:
+            raise ChatwootInvalidResponse(op, response.status_code) from None
+
+    async def list_canned_responses(self, account_id: int) -> list[CannedResponse]:
+        op = "list canned responses"
+        return await self._list(op, f"{self._account(account_id)}/canned_responses", CannedResponse)
+
+    async def list_agents(self, account_id: int) -> list[Agent]:
+        op = "list agents"
+        return await self._list(op, f"{self._account(account_id)}/agents", Agent)
+
+    async def _list(self, op: str, path: str, model: type[M]) -> list[M]:
+        try:
+            response = await self._call(op, "GET", path, self._user_token)
+        except ConversationMissing:
+            raise ChatwootError(op, 404) from None
+        try:
+            return TypeAdapter(list[model]).validate_python(self._json(op, response))  # type: ignore[valid-type]
+        except ValidationError:
+            raise ChatwootInvalidResponse(op, response.status_code) from None
+
+    # --- mutations (the account's bot token) --------------------------------------------------------------
+
+    async def toggle_status(self, account_id: int, conversation_id: int, status: str) -> None:
+        path = self._conversation(account_id, conversation_id) + "/toggle_status"
+        await self._call("toggle status", "POST", path, self._bot_token(account_id), json={"status": status})
+
+    async def assign(self, account_id: int, conversation_id: int, user_id: int) -> None:
+        path = self._conversation(account_id, conversation_id) + "/assignments"
+        body = {"assignee_id": user_id, "assignee_type": "User"}
+        await self._call("assign", "POST", path, self._bot_token(account_id), json=body)
+
+    async def unassign(self, account_id: int, conversation_id: int) -> None:
+        path = self._conversation(account_id, conversation_id) + "/assignments"
+        await self._call("unassign", "POST", path, self._bot_token(account_id), json={"assignee_id": None})
+
+    async def set_labels(self, account_id: int, conversation_id: int, labels: list[str]) -> None:
+        """Replaces the conversation's whole label list."""
+        path = self._conversation(account_id, conversation_id) + "/labels"
+        await self._call("set labels", "POST", path, self._bot_token(account_id), json={"labels": labels})
+
+    async def create_message(self, account_id: int, conversation_id: int, content: str) -> Message | None:
+        """Posts a public reply; returns the created message, or None when its 2xx body is unreadable.
+
+        None means "sent, but no receipt": the caller must not assume it failed (behavior.md §9.7).
+        """
+        path = self._conversation(account_id, conversation_id) + "/messages"
+        body = {"content": content, "message_type": "outgoing", "private": False}
+        response = await self._call("create message", "POST", path, self._bot_token(account_id), json=body)
+        try:
+            return Message.model_validate(response.json())
+        except (ValueError, ValidationError):
+            return None

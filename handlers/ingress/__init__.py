@@ -1,0 +1,1 @@
+"""The webhook door: the HTTP server, its Kafka producer and its health."""

@@ -1,0 +1,88 @@
+"""Kafka I/O outside the worker's Faust app: the durable producer and the topic reader every command uses.
+
+- `durable_producer`: acks from all in-sync replicas and idempotence, so a record a command reports as written is
+  written once (config apply, sweep, replay, rebuilds, tests).
+- `read_topic`: a topic from its beginning up to its end offsets as of the start, for small topics (`configs`)
+  and tests. It never joins a consumer group and never commits: readers must not disturb the running workers.
+  The readers of the event log use `handlers/logs/reader.py` (partition by partition, bounded memory).
+
+The ingress keeps a producer of its own (handlers/ingress/door.py): its timeouts are part of the door's answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+Progress = Callable[[int, float], None]
+
+
+@asynccontextmanager
+async def durable_producer(bootstrap: str, **options: Any) -> AsyncIterator[AIOKafkaProducer]:
+    """A started producer that waits for all in-sync replicas and never duplicates a retried send."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, **options)
+    await producer.start()
+    try:
+        yield producer
+    finally:
+        await producer.stop()
+
+
+async def topic_partitions(bootstrap: str, topic: str) -> list[TopicPartition]:
+    """The topic's partitions, from the brokers' metadata; LookupError when the topic does not exist."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    partitions = [p["partition"] for d in described if d["error_code"] == 0 for p in d["partitions"]]
+    if not partitions:
+        raise LookupError(f"topic {topic} does not exist")
+    return [TopicPartition(topic, p) for p in sorted(partitions)]
+
+
+async def read_topic(
+    bootstrap: str,
+    topic: str,
+    on_record: Callable[[ConsumerRecord[bytes, bytes]], None],
+    *,
+    progress: Progress | None = None,
+    progress_every: int = 10_000,
+) -> int:
+    """Feed every record of `topic` (as of now) to `on_record`, partition by partition in offset order."""
+    assigned = await topic_partitions(bootstrap, topic)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign(assigned)
+        await consumer.seek_to_beginning(*assigned)
+        ends = await consumer.end_offsets(assigned)
+        remaining = {tp for tp, end in ends.items() if end > 0}
+        started, count = time.monotonic(), 0
+        while remaining:
+            batches = await consumer.getmany(*remaining, timeout_ms=500)
+            for tp, records in batches.items():
+                for record in records:
+                    if record.offset >= ends[tp]:
+                        remaining.discard(tp)
+                        break
+                    on_record(record)
+                    count += 1
+                    if progress is not None and count % progress_every == 0:
+                        progress(count, count / max(time.monotonic() - started, 1e-6))
+                    if record.offset + 1 >= ends[tp]:
+                        remaining.discard(tp)
+            for tp in list(remaining):
+                if await consumer.position(tp) >= ends[tp]:
+                    remaining.discard(tp)
+        if progress is not None:
+            progress(count, count / max(time.monotonic() - started, 1e-6))
+        return count
+    finally:
+        await consumer.stop()

@@ -1,0 +1,1 @@
+"""Readers of the event log: one reader, progress, shards, audit, what-if, rebuilds."""

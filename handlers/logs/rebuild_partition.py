@@ -1,0 +1,170 @@
+"""One partition of `replay state`: copy it (blue/green), fold it, write its table values (DESIGN §8).
+
+A partition is independent of the others (each conversation and each sweep key lives in one), so the rebuild runs
+this once per partition, in as many processes as `--jobs` allows (handlers/logs/shards.py), and only one partition's
+states are ever in memory in a process. Everything here is resumable: a copy appends only what the target lacks,
+and the table values written are the same each time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaProducer
+
+from handlers.kafka.topic_io import durable_producer
+from handlers.kafka.topics import changelog_topic
+from handlers.logs.reader import Progress, Records, Share, Span, batches, key_shares, log_consumer, plan, read
+from projections.logs.rebuild import TableBuilder
+from schemas.configs import ConfigBook
+
+SOURCE_TOPICS = ("conversations", "sweeps")
+REBUILT_TABLES = ("conversation_state", "sweep_state", "timers", "partition_configs")
+Feed = Callable[[bytes | None, int, int], None]
+IN_FLIGHT = 20_000  # sends awaited together: bounded memory, and the producer still batches
+BATCH_BYTES = 1024 * 1024  # a copy produces a lot at once: large batches, a short linger
+
+
+@dataclass(frozen=True)
+class RebuildJob:
+    """What every partition's task needs (picklable: it goes to the pool's processes)."""
+
+    bootstrap: str
+    source_app: str
+    target_app: str
+    book: ConfigBook
+    copy: bool
+    delete_stale: bool
+
+
+@dataclass(frozen=True)
+class PartitionRebuilt:
+    copied: int
+    records: int
+    conversations: int
+    runs_in_flight: int
+    undecodable: int
+
+
+async def rebuild_partition(job: RebuildJob, partition: int, progress: Progress) -> PartitionRebuilt:
+    """Copy (when blue/green), fold and write one partition of the target app; a long partition is folded in
+    several passes, each over a share of its keys (`log_reader.key_shares`), its table values written before the
+    next pass starts, so memory holds about the same number of states however long the history is."""
+    copied = 0
+    async with durable_producer(job.bootstrap, linger_ms=20, max_batch_size=BATCH_BYTES) as producer:
+        if job.copy:
+            for name in SOURCE_TOPICS:
+                source, target = f"{job.source_app}.{name}", f"{job.target_app}.{name}"
+                copied += await copy_partition(job.bootstrap, source, target, partition, producer, progress)
+        spans = {name: await _spans(job.bootstrap, f"{job.target_app}.{name}", partition) for name in SOURCE_TOPICS}
+        written: dict[str, set[bytes]] = {}
+        records = conversations = in_flight = undecodable = 0
+        for index, share in enumerate(key_shares(sum(s.size for found in spans.values() for s in found))):
+            builder = TableBuilder(job.book)
+            for name, feed in (("conversations", builder.feed_conversation), ("sweeps", builder.feed_sweep)):
+
+                def fold(p: int, batch: Records, feed: Feed = feed, share: Share | None = share) -> None:
+                    for record in batch:
+                        if share is None or share(record.key):
+                            feed(record.value, p, record.offset)
+
+                read_now = await read(job.bootstrap, spans[name], fold, progress=progress)
+                records += read_now if index == 0 else 0
+            await write_tables(job.target_app, builder, producer, written)
+            conversations += len(builder.states)
+            in_flight += builder.runs_in_flight()
+            undecodable += builder.undecodable
+            del builder, fold  # this pass's states go before the next pass folds its own
+        if job.delete_stale:
+            await delete_stale(job.bootstrap, job.target_app, producer, partition, written)
+    return PartitionRebuilt(copied, records, conversations, in_flight, undecodable)
+
+
+def passes(records: int) -> int:
+    """How many times `rebuild_partition` reads a partition of `records` records to fold it."""
+    return len(key_shares(records))
+
+
+async def _spans(bootstrap: str, topic: str, partition: int) -> tuple[Span, ...]:
+    try:
+        return (await plan(bootstrap, topic, partitions=[partition])).spans
+    except LookupError:  # no sweeps topic yet: nothing to fold
+        return ()
+
+
+async def copy_partition(
+    bootstrap: str, source: str, target: str, partition: int, producer: AIOKafkaProducer, progress: Progress
+) -> int:
+    """Append to `target`'s partition what it lacks of `source`'s (a resumed copy skips the records already there),
+    reading and producing batch by batch."""
+    spans = await _spans(bootstrap, source, partition)
+    if not spans:
+        return 0
+    have = await _spans(bootstrap, target, partition)
+    already = have[0].end if have else 0
+    span = spans[0]
+    span = Span(span.topic, span.partition, span.start + already, span.end)
+    copied = 0
+    pending: list[asyncio.Future[object]] = []
+    async with log_consumer(bootstrap) as consumer:
+        async for batch in batches(consumer, span, progress=progress):
+            for record in batch:
+                pending.append(
+                    await producer.send(
+                        target, value=record.value, key=record.key, partition=partition, headers=list(record.headers)
+                    )
+                )
+            copied += len(batch)
+            if len(pending) >= IN_FLIGHT:
+                await asyncio.gather(*pending)
+                pending.clear()
+    await asyncio.gather(*pending)
+    return copied
+
+
+async def write_tables(
+    app_id: str, builder: TableBuilder, producer: AIOKafkaProducer, written: dict[str, set[bytes]]
+) -> None:
+    """Write every table value the builder holds to its changelog (as Faust writes them: JSON key and value), at
+    its partition; `written` collects the keys written per table."""
+    for table, rows in builder.encoded_tables().items():
+        topic = changelog_topic(app_id, table)
+        keys = written.setdefault(table, set())
+        pending: list[asyncio.Future[object]] = []
+        for raw_key, at, value in rows:
+            keys.add(raw_key)
+            pending.append(await producer.send(topic, key=raw_key, value=value, partition=at))
+            if len(pending) >= IN_FLIGHT:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+
+
+async def delete_stale(
+    bootstrap: str, app_id: str, producer: AIOKafkaProducer, partition: int, written: dict[str, set[bytes]]
+) -> None:
+    """In place: delete the keys of the partition's changelogs that the fold no longer produces."""
+    for table in REBUILT_TABLES:
+        topic = changelog_topic(app_id, table)
+        wanted = written.get(table, set())
+        pending = [
+            await producer.send(topic, key=raw_key, value=None, partition=partition)
+            for raw_key in await existing_keys(bootstrap, topic, partition)
+            if raw_key not in wanted
+        ]
+        await asyncio.gather(*pending)
+
+
+async def existing_keys(bootstrap: str, topic: str, partition: int) -> set[bytes]:
+    """The keys a changelog partition holds a value for now (its last record per key is not a tombstone)."""
+    keys: dict[bytes, bool] = {}
+
+    def keep(p: int, records: Records) -> None:
+        for record in records:
+            if record.key is not None:
+                keys[record.key] = record.value is not None
+
+    await read(bootstrap, await _spans(bootstrap, topic, partition), keep)
+    return {key for key, live in keys.items() if live}

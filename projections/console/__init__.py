@@ -1,0 +1,1 @@
+"""The console's pure model: overview, conversation timeline, page layout."""

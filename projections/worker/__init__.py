@@ -1,0 +1,1 @@
+"""Pure bookkeeping of the worker: admission, offsets, fold steps, the timer index."""

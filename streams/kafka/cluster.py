@@ -1,0 +1,410 @@
+"""`chatwoot-router kafka --brokers 3`: a local three-node Apache Kafka cluster (KRaft) for failover tests.
+
+Each node is one JVM acting as broker *and* controller; the three controllers form one static quorum
+(`controller.quorum.voters`), so the cluster keeps working with any one node down and stops accepting
+`acks=all` writes with two down (replication 3, `min.insync.replicas` 2, the broker-wide default here and the
+setting of the internal topics). Node *n* (1-based id) serves clients on `port + n - 1` and its controller on a
+port chosen on first use and saved in its data dir (`<data-dir>/node-<n>/controller.port`), because the quorum
+voters must stay the same across restarts. Everything else is the single node's (`streams.kafka.local`): the
+same jars, JVM options and log settings.
+
+The Python API is what the cluster tests use: `start_cluster()` returns a `LocalCluster` whose nodes can be
+SIGKILLed, SIGTERMed (controlled shutdown) and restarted one by one on the same ports and data dirs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streams.kafka.local import (
+    READY_TIMEOUT_S,
+    KafkaLaunchError,
+    _accepts_connections,
+    _ensure_dir,
+    _format_storage,
+    _java_command,
+    _saved_cluster_id,
+    ensure_jars,
+    free_port,
+    port_in_use,
+)
+
+CLUSTER_SIZE = 3
+MIN_INSYNC_REPLICAS = 2
+BROKER_SESSION_TIMEOUT_MS = 3000
+"""How long the controller waits for a silent broker before it fences it (Kafka's default: 9000). With `acks=all`
+every partition a dead broker replicates refuses writes until then, so it is the door's window in a broker's
+death (docs/operations.md "Running on your Kafka cluster"); heartbeats every 500 ms keep a live broker well inside."""
+BROKER_HEARTBEAT_INTERVAL_MS = 500
+STOP_TIMEOUT_S = 30.0
+
+
+def node_properties(node_id: int, port: int, controller_port: int, voters: str, log_dir: Path) -> str:
+    """server.properties of one node of the cluster (broker and controller, replication 3, min ISR 2)."""
+    replicas = CLUSTER_SIZE
+    return "\n".join(
+        [
+            "process.roles=broker,controller",
+            f"node.id={node_id}",
+            f"controller.quorum.voters={voters}",
+            f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            f"log.dirs={log_dir}",
+            "num.partitions=1",
+            f"default.replication.factor={replicas}",
+            f"min.insync.replicas={MIN_INSYNC_REPLICAS}",
+            f"offsets.topic.replication.factor={replicas}",
+            "offsets.topic.num.partitions=12",
+            f"transaction.state.log.replication.factor={replicas}",
+            f"transaction.state.log.min.isr={MIN_INSYNC_REPLICAS}",
+            f"share.coordinator.state.topic.replication.factor={replicas}",
+            f"share.coordinator.state.topic.min.isr={MIN_INSYNC_REPLICAS}",
+            "unclean.leader.election.enable=false",
+            f"broker.session.timeout.ms={BROKER_SESSION_TIMEOUT_MS}",
+            f"broker.heartbeat.interval.ms={BROKER_HEARTBEAT_INTERVAL_MS}",
+            "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=false",
+            "log.retention.hours=-1",
+            "log.segment.bytes=67108864",
+            "",
+        ]
+    )
+
+
+def free_port_run(count: int, *, attempts: int = 200) -> int:
+    """The first of `count` consecutive TCP ports on 127.0.0.1 that were free a moment ago."""
+    for _ in range(attempts):
+        first = free_port()
+        if first + count <= 65535 and not any(port_in_use(first + n) for n in range(1, count)):
+            return first
+    raise KafkaLaunchError(f"found no {count} consecutive free ports on 127.0.0.1")
+
+
+@dataclass
+class ClusterNode:
+    """One node of a LocalCluster: its id, ports, data dir and (while it runs) its process."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    data_dir: Path
+    command: list[str] = field(repr=False)
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def spawn(self) -> None:
+        with (self.data_dir / "broker.stderr").open("ab") as stderr:
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+            )
+
+    def signal(self, signum: int, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Send `signum` and wait for the process to end (SIGKILL after `timeout`)."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signum)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class LocalCluster:
+    """A running three-node cluster; nodes are addressed by index (0, 1, 2; node id = index + 1)."""
+
+    def __init__(self, nodes: list[ClusterNode], data_dir: Path) -> None:
+        self.nodes = nodes
+        self.data_dir = data_dir
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    def index_of(self, node_id: int) -> int:
+        return next(n for n, node in enumerate(self.nodes) if node.node_id == node_id)
+
+    # --- faults -------------------------------------------------------------------------------------------
+
+    def kill(self, index: int) -> None:
+        """SIGKILL one node, as a crash or a lost machine would."""
+        self.nodes[index].signal(signal.SIGKILL)
+
+    def terminate(self, index: int, timeout: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM one node: a controlled shutdown (its leaderships move first), SIGKILL after `timeout`."""
+        self.nodes[index].signal(signal.SIGTERM, timeout)
+
+    def restart(self, index: int, ready_timeout: float = READY_TIMEOUT_S) -> None:
+        """Start a stopped node again on the same ports and data dir; returns once it serves clients."""
+        node = self.nodes[index]
+        if node.alive():
+            raise KafkaLaunchError(f"node {node.node_id} is still running")
+        if port_in_use(node.port) or port_in_use(node.controller_port):
+            raise KafkaLaunchError(f"node {node.node_id}'s ports ({node.port}, {node.controller_port}) are taken")
+        node.spawn()
+        self.wait_serving([index], ready_timeout)
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Stop every node: SIGTERM to all at once (one by one, the last ones would wait for a lost quorum)."""
+        running = [node for node in self.nodes if node.alive()]
+        for node in running:
+            assert node.process is not None
+            node.process.terminate()
+        deadline = time.monotonic() + timeout
+        for node in running:
+            node.signal(signal.SIGTERM, max(0.1, deadline - time.monotonic()))
+
+    # --- state --------------------------------------------------------------------------------------------
+
+    def wait_serving(self, indexes: list[int] | None = None, timeout: float = READY_TIMEOUT_S) -> None:
+        """Until each node (default: all) answers metadata that lists it among the cluster's brokers."""
+        wanted = [self.nodes[i] for i in (range(len(self.nodes)) if indexes is None else indexes)]
+        deadline = time.monotonic() + timeout
+        pending = list(wanted)
+        while pending:
+            for node in list(pending):
+                if not node.alive():
+                    code = node.process.returncode if node.process is not None else None
+                    raise KafkaLaunchError(
+                        f"node {node.node_id} exited with status {code}; see {node.log_file} and "
+                        f"{node.data_dir / 'broker.stderr'}"
+                    )
+                if _accepts_connections(node.port) and node.node_id in registered_brokers(node.bootstrap, 2.0):
+                    pending.remove(node)
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                names = ", ".join(str(node.node_id) for node in pending)
+                raise KafkaLaunchError(f"node(s) {names} did not serve within {timeout:.0f} s; see their broker.log")
+            time.sleep(0.2)  # readiness poll, bounded by the deadline
+
+    def describe_partitions(self) -> list[dict[str, Any]]:
+        """Every partition of every topic as the live nodes see it: topic, partition, leader, replicas, isr."""
+        live = ",".join(node.bootstrap for node in self.nodes if node.alive())
+        return asyncio.run(_describe_partitions(live)) if live else []
+
+    def leaders(self, topic: str) -> dict[int, int]:
+        """partition -> leader node id (-1 while it has none) of `topic`, from the metadata now."""
+        return {p["partition"]: p["leader"] for p in self.describe_partitions() if p["topic"] == topic}
+
+    def under_replicated(self) -> list[tuple[str, int]]:
+        """(topic, partition) of every partition whose in-sync replicas are fewer than its replicas."""
+        return [(p["topic"], p["partition"]) for p in self.describe_partitions() if set(p["isr"]) != set(p["replicas"])]
+
+    def wait_in_sync(self, timeout: float = 120.0) -> None:
+        """Until every node serves and no partition is under-replicated (a rolling restart's next step)."""
+        deadline = time.monotonic() + timeout
+        self.wait_serving(timeout=timeout)
+        while True:
+            with contextlib.suppress(Exception):
+                if not self.under_replicated():
+                    return
+            if time.monotonic() > deadline:
+                raise KafkaLaunchError(f"partitions still under-replicated after {timeout:.0f} s")
+            time.sleep(0.2)  # metadata poll, bounded by the deadline
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def registered_brokers(bootstrap: str, timeout: float = 5.0) -> set[int]:
+    """The ids of the brokers the metadata from `bootstrap` lists (empty when it does not answer)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def probe() -> set[int]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+        try:
+            await asyncio.wait_for(admin.start(), timeout)
+            cluster = await asyncio.wait_for(admin.describe_cluster(), timeout)
+            return {int(broker["node_id"]) for broker in cluster["brokers"]}
+        except Exception:
+            return set()
+        finally:
+            with contextlib.suppress(Exception):
+                await admin.close()
+
+    return asyncio.run(probe())
+
+
+async def _describe_partitions(bootstrap: str, timeout: float = 15.0) -> list[dict[str, Any]]:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    deadline = time.monotonic() + timeout
+    try:
+        await asyncio.wait_for(admin.start(), timeout)
+        while True:
+            try:  # the admin asks a random known broker, which may be the one just stopped: ask again
+                topics = await asyncio.wait_for(admin.describe_topics(), 5)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)  # retry interval, bounded by the deadline
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+    return [
+        {
+            "topic": topic["topic"],
+            "partition": p["partition"],
+            "leader": p["leader"],
+            "replicas": list(p["replicas"]),
+            "isr": list(p["isr"]),
+        }
+        for topic in topics
+        if topic["error_code"] == 0
+        for p in topic["partitions"]
+    ]
+
+
+def _controller_ports(node_dirs: list[Path], taken: set[int]) -> list[int]:
+    """Each node's saved controller port, or a new free one (saved): the quorum voters never change."""
+    ports: list[int] = []
+    for node_dir in node_dirs:
+        saved = node_dir / "controller.port"
+        if saved.exists():
+            port = int(saved.read_text(encoding="utf-8"))
+        else:
+            port = free_port()
+            while port in taken or port in ports:
+                port = free_port()
+            saved.write_text(str(port), encoding="utf-8")
+        ports.append(port)
+    return ports
+
+
+def start_cluster(
+    port: int | None = None,
+    data_dir: Path | None = None,
+    *,
+    ready_timeout: float = READY_TIMEOUT_S * 2,
+    quiet: bool = True,
+) -> LocalCluster:
+    """Start three nodes on client ports `port`, `port + 1`, `port + 2` (formatting their data dirs on first
+    use) and return once every node serves clients and lists all three brokers."""
+    first = port or free_port_run(CLUSTER_SIZE)
+    client_ports = [first + n for n in range(CLUSTER_SIZE)]
+    for client_port in client_ports:
+        if port_in_use(client_port):
+            raise KafkaLaunchError(
+                f"port {client_port} is already in use on 127.0.0.1: a cluster needs ports {first}-{client_ports[-1]};"
+                " stop what uses it or pass --port with another first port"
+            )
+    lib = ensure_jars(quiet=quiet)
+    root = _ensure_dir(Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="kafka-cluster-")))
+    node_dirs = [_ensure_dir(root / f"node-{n + 1}") for n in range(CLUSTER_SIZE)]
+    controller_ports = _controller_ports(node_dirs, set(client_ports))
+    for controller_port in controller_ports:
+        if port_in_use(controller_port):
+            raise KafkaLaunchError(f"controller port {controller_port} (saved in {root}) is in use on 127.0.0.1")
+    voters = ",".join(f"{n + 1}@127.0.0.1:{p}" for n, p in enumerate(controller_ports))
+    # one cluster id for all three: the first formatted node's, else the cluster dir's saved one
+    cluster_id = _saved_cluster_id(root, node_dirs[0] / "kraft-logs")
+    nodes: list[ClusterNode] = []
+    formats: list[tuple[list[str], Path]] = []
+    for n, node_dir in enumerate(node_dirs):
+        log_dir = _ensure_dir(node_dir / "kraft-logs")
+        properties = node_dir / "server.properties"
+        properties.write_text(
+            node_properties(n + 1, client_ports[n], controller_ports[n], voters, log_dir), encoding="utf-8"
+        )
+        base = _java_command(lib, node_dir, node_dir / "broker.log")
+        if not (log_dir / "meta.properties").exists():
+            formats.append((base, properties))
+        nodes.append(
+            ClusterNode(n + 1, client_ports[n], controller_ports[n], node_dir, [*base, "kafka.Kafka", str(properties)])
+        )
+    with ThreadPoolExecutor(max_workers=CLUSTER_SIZE) as pool:  # one JVM each: in parallel
+        for done in [pool.submit(_format_storage, base, props, cluster_id) for base, props in formats]:
+            done.result()
+    cluster = LocalCluster(nodes, root)
+    for node in nodes:  # all at once: no node can finish starting before a quorum of controllers runs
+        node.spawn()
+    try:
+        cluster.wait_serving(timeout=ready_timeout)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+@contextlib.contextmanager
+def running_cluster(port: int | None = None, data_dir: Path | None = None) -> Iterator[LocalCluster]:
+    """A cluster for the duration of a `with` block."""
+    cluster = start_cluster(port, data_dir)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def run_cluster(port: int, data_dir: Path | None) -> int:
+    """The command's foreground loop: ready line, then wait for SIGINT/SIGTERM and stop all three nodes.
+
+    A node that exits by itself is reported once on stderr and the others keep running (a developer may kill one
+    to try failover); the command exits 1 when no node is left.
+    """
+    stop_requested = False
+
+    def request_stop(signum: int, frame: object) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        cluster = start_cluster(port, data_dir, quiet=False)
+    except KafkaLaunchError as exc:
+        print(f"chatwoot-router kafka: {exc}", file=sys.stderr)
+        return 1
+    print(f"ready bootstrap={cluster.bootstrap}", flush=True)
+    reported: set[int] = set()
+    try:
+        while not stop_requested and any(node.alive() for node in cluster.nodes):
+            for node in cluster.nodes:
+                if not node.alive() and node.node_id not in reported:
+                    reported.add(node.node_id)
+                    print(
+                        f"chatwoot-router kafka: node {node.node_id} exited; see {node.log_file}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            time.sleep(0.2)
+    finally:
+        cluster.stop()
+    if not stop_requested:
+        print("chatwoot-router kafka: every node exited", file=sys.stderr)
+        return 1
+    return 0
