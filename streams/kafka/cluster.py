@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -368,43 +367,3 @@ def running_cluster(port: int | None = None, data_dir: Path | None = None) -> It
         yield cluster
     finally:
         cluster.stop()
-
-
-def run_cluster(port: int, data_dir: Path | None) -> int:
-    """The command's foreground loop: ready line, then wait for SIGINT/SIGTERM and stop all three nodes.
-
-    A node that exits by itself is reported once on stderr and the others keep running (a developer may kill one
-    to try failover); the command exits 1 when no node is left.
-    """
-    stop_requested = False
-
-    def request_stop(signum: int, frame: object) -> None:
-        nonlocal stop_requested
-        stop_requested = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    try:
-        cluster = start_cluster(port, data_dir, quiet=False)
-    except KafkaLaunchError as exc:
-        print(f"chatwoot-router kafka: {exc}", file=sys.stderr)
-        return 1
-    print(f"ready bootstrap={cluster.bootstrap}", flush=True)
-    reported: set[int] = set()
-    try:
-        while not stop_requested and any(node.alive() for node in cluster.nodes):
-            for node in cluster.nodes:
-                if not node.alive() and node.node_id not in reported:
-                    reported.add(node.node_id)
-                    print(
-                        f"chatwoot-router kafka: node {node.node_id} exited; see {node.log_file}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            time.sleep(0.2)
-    finally:
-        cluster.stop()
-    if not stop_requested:
-        print("chatwoot-router kafka: every node exited", file=sys.stderr)
-        return 1
-    return 0

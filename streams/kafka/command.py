@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import time
+import threading
 from pathlib import Path
 
-from streams.kafka.cluster import run_cluster
-from streams.kafka.local import DEFAULT_PORT, KafkaLaunchError, ensure_jars, start_broker
+from streams.kafka.cluster import LocalCluster, start_cluster
+from streams.kafka.local import DEFAULT_PORT, KafkaLaunchError, LocalKafka, ensure_jars, start_broker
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,12 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    stop_requested = False
-
-    def request_stop(signum: int, frame: object) -> None:
-        nonlocal stop_requested
-        stop_requested = True
-
     if args.fetch_only:
         try:
             print(f"kafka jars ready in {ensure_jars(quiet=False)}")
@@ -57,22 +51,37 @@ def run(args: argparse.Namespace) -> int:
             print(f"chatwoot-router kafka: {exc}", file=sys.stderr)
             return 1
         return 0
-    if args.brokers > 1:
-        return run_cluster(args.port, args.data_dir)
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
     try:
-        broker = start_broker(args.port, args.data_dir, quiet=False)
+        served = (start_cluster if args.brokers > 1 else start_broker)(args.port, args.data_dir, quiet=False)
     except KafkaLaunchError as exc:
         print(f"chatwoot-router kafka: {exc}", file=sys.stderr)
         return 1
-    print(f"ready bootstrap={broker.bootstrap}", flush=True)
+    print(f"ready bootstrap={served.bootstrap}", flush=True)
     try:
-        while not stop_requested and broker.process.poll() is None:
-            time.sleep(0.2)
+        gone = serve(served, stop)
     finally:
-        broker.stop()
-    if not stop_requested:
-        print(f"chatwoot-router kafka: the broker exited unexpectedly; see {broker.log_file}", file=sys.stderr)
+        served.stop()
+    if gone:
+        print(f"chatwoot-router kafka: {gone}", file=sys.stderr)
         return 1
     return 0
+
+
+def serve(served: LocalKafka | LocalCluster, stop: threading.Event) -> str | None:
+    """Until `stop` is set (None) or nothing is left serving (what exited). A node of the cluster that exits by
+    itself is reported once on stderr and the others keep running (a developer may kill one to try failover)."""
+    nodes = served.nodes if isinstance(served, LocalCluster) else []
+    reported: set[int] = set()
+    while not stop.wait(0.2):
+        if isinstance(served, LocalKafka) and served.process.poll() is not None:
+            return f"the broker exited unexpectedly; see {served.log_file}"
+        for node in nodes:
+            if not node.alive() and node.node_id not in reported:
+                reported.add(node.node_id)
+                print(f"chatwoot-router kafka: node {node.node_id} exited; see {node.log_file}", file=sys.stderr)
+        if nodes and len(reported) == len(nodes):
+            return "every node exited"
+    return None
