@@ -21,11 +21,12 @@ def test_audit_prints_the_timeline_and_verifies_the_live_state(e2e: Stack) -> No
     assert "Jev decided" in timeline.stdout and "owner=billing" in timeline.stdout
     assert f"assigned to user {BILLING}" in timeline.stdout
     assert "charged twice" not in timeline.stdout  # the timeline shows ids and outcomes, never customer text
-    # the reads run back to back are one ChainedOutcomes record each time, and the timeline shows every read
+    # reads run back to back are one ChainedOutcomes record (a sweep's record arriving between two reads of the
+    # turn ends a chain early, so how many chains a turn has depends on timing), and the timeline shows every read
     records = asyncio.run(read_all(e2e.env["KAFKA_BOOTSTRAP_SERVERS"], f"{e2e.env['ROUTER_APP_ID']}.conversations"))
     key = f"1:{conversation}".encode()
     kinds = [decode_conversation_event(r.value).type for r in records if r.key == key]
-    assert kinds.count("chained_outcomes") >= 3, kinds
+    assert "chained_outcomes" in kinds, kinds
     assert timeline.stdout.count("read_turn ok") >= 3 and timeline.stdout.count("get_inbox_bot ok") >= 3
 
     def verified() -> bool:
