@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -30,34 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from handlers.kafka.topic_io import read_topic, topic_partitions
 from handlers.kafka.topics import ensure_topics
 from projections.logs.audit import LogReplay
-from tests.golden.histories import histories, settings_of
+from tests.golden.histories import demo_logs, renamed, settings_of
 
 PARTITIONS = 4
 
 
-def conversation_logs() -> list[tuple[int, list[str]]]:
-    """(conversation id, compact JSON records) of the demo's account-1 histories."""
-    logs = []
-    for history in histories():
-        account, conversation = history.name.split("-")
-        if account != "1" or history.directory.name != "demo":
-            continue
-        rows = [json.loads(line)["record"] for line in history.events_path.read_text().splitlines()]
-        logs.append((int(conversation), [json.dumps(r, separators=(",", ":")) for r in rows]))
-    return logs
-
-
-def renamed(record: str, old: int, new: int) -> str:
-    return (
-        record.replace(f'"key":"1:{old}"', f'"key":"1:{new}"')
-        .replace(f'"command_id":"1:{old}:', f'"command_id":"1:{new}:')
-        .replace(f'"conversation_id":{old},', f'"conversation_id":{new},')
-    )
-
-
 async def fill(bootstrap: str, topic: str, wanted: int) -> int:
     await ensure_topics(bootstrap, {topic: PARTITIONS})
-    logs = conversation_logs()
+    logs = demo_logs()
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=20, max_batch_size=256 * 1024)
     await producer.start()
     written, new_id = 0, 1000

@@ -51,7 +51,7 @@ from handlers.kafka.topics import ensure_app_topics  # noqa: E402
 from handlers.logs.reader import log_consumer  # noqa: E402
 from schemas.keys import partition_for  # noqa: E402
 from streams.kafka.local import free_port  # noqa: E402
-from tests.golden.histories import histories, settings_of  # noqa: E402
+from tests.golden.histories import demo_logs, renamed, settings_of  # noqa: E402
 
 PARTITIONS = 12
 DEMO = ROOT / "tests" / "golden" / "demo"
@@ -59,26 +59,6 @@ COMMANDS = ("raw", "replay", "verify", "audit", "audit-verify", "whatif", "conso
 
 
 # --- building the topic ---------------------------------------------------------------------------------------
-
-
-def demo_logs() -> list[tuple[int, list[str]]]:
-    """(conversation id, compact JSON records) of the demo's account-1 histories."""
-    logs = []
-    for history in histories():
-        account, conversation = history.name.split("-")
-        if account != "1" or history.directory.name != "demo":
-            continue
-        rows = [json.loads(line)["record"] for line in history.events_path.read_text().splitlines()]
-        logs.append((int(conversation), [json.dumps(r, separators=(",", ":")) for r in rows]))
-    return logs
-
-
-def renamed(record: str, old: int, new: int) -> str:
-    return (
-        record.replace(f'"key":"1:{old}"', f'"key":"1:{new}"')
-        .replace(f'"command_id":"1:{old}:', f'"command_id":"1:{new}:')
-        .replace(f'"conversation_id":{old},', f'"conversation_id":{new},')
-    )
 
 
 @dataclass

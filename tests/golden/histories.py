@@ -105,6 +105,28 @@ def histories(root: Path = ROOT) -> list[History]:
     ]
 
 
+def demo_logs() -> list[tuple[int, list[str]]]:
+    """(conversation id, compact JSON records) of the demo's account-1 histories: the benchmarks fill topics of
+    any size with them, each copy under a new id (`renamed`)."""
+    logs = []
+    for history in histories():
+        account, conversation = history.name.split("-")
+        if account != "1" or history.directory.name != "demo":
+            continue
+        rows = [json.loads(line)["record"] for line in history.events_path.read_text().splitlines()]
+        logs.append((int(conversation), [json.dumps(r, separators=(",", ":")) for r in rows]))
+    return logs
+
+
+def renamed(record: str, old: int, new: int) -> str:
+    """A compact record of account 1's conversation `old` as conversation `new` would have it."""
+    return (
+        record.replace(f'"key":"1:{old}"', f'"key":"1:{new}"')
+        .replace(f'"command_id":"1:{old}:', f'"command_id":"1:{new}:')
+        .replace(f'"conversation_id":{old},', f'"conversation_id":{new},')
+    )
+
+
 def replay(history: History) -> list[dict[str, Any]]:
     """Fold the history with the current code: per event, its commands and turn outcomes (as JSON).
 
