@@ -515,6 +515,9 @@ class RouterEnv(BaseModel):
     )
     # how old the fresh read a mutation depends on may be when a worker makes the mutation (DESIGN §6)
     fresh_read_ms: Annotated[int, _env_int(100, 600_000)] = Field(5000, alias="ROUTER_FRESH_READ_MS")
+    # how often a worker writes its write cache and commits its offsets (Kafka Streams' commit.interval.ms): it
+    # bounds the records folded again after a crash; no turn waits for it (docs/architecture.md "The commit protocol")
+    commit_interval_ms: Annotated[int, _env_int(100, 60_000)] = Field(2800, alias="ROUTER_COMMIT_INTERVAL_MS")
     # a stable name per worker (e.g. the pod's): static group membership, so a restarted worker takes its
     # partitions back at once instead of the whole group waiting out the dead member's session
     worker_id: Annotated[str, AfterValidator(_app_id)] | None = Field(None, alias="ROUTER_WORKER_ID")

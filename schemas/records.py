@@ -455,6 +455,11 @@ class ChainedOutcomes(Record):
         return cls(key=last.key, account_id=last.account_id, outcomes=outcomes, at_ms=last.at_ms)
 
 
+HISTORY_MISSING_HEADER = "router-history-missing"
+"""A Kafka header on the first record `replay state --to-app` copies into a partition from a partial history: how
+many records the source had lost before it (ASCII digits). The copy starts at offset 0, so without it the new app
+could not tell that its history is partial."""
+
 MARKER_KEY = "config"
 """The Kafka key of every `ConfigApplied` marker (markers go to an explicit partition, so any key would do)."""
 

@@ -48,7 +48,7 @@ async def build_partition(job: BuildJob, partition: int, progress: Progress | No
     snapshot = Snapshot(job.path, job.topic)
     try:
         fold = OverviewFold(snapshot, book=job.book, config=job.config, retry_base_ms=job.retry_base_ms)
-        span = (await plan(job.bootstrap, job.topic, partitions=[partition])).span(partition)
+        span = (await plan(job.bootstrap, job.topic, partitions=[partition], look_at_heads=False)).span(partition)
 
         def feed(p: int, records: Records) -> None:
             for record in records:

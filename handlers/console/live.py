@@ -90,7 +90,7 @@ class LiveConsole:
         count; 0 when there is no changelog (no worker ran yet: the build alone counts)."""
         topic = changelog_topic(self.app_id, STATE_TABLE)
         try:
-            planned = await plan(self.bootstrap, topic)
+            planned = await plan(self.bootstrap, topic, look_at_heads=False)
         except LookupError:
             return 0
         live = 0
@@ -163,7 +163,7 @@ class LiveConsole:
         summary = self.fold.store.get(key)
         if summary is None and self.caught_up:
             return None  # no record of it in the log (while the tail catches up, the log itself is read)
-        planned = await plan(self.bootstrap, self.topic)
+        planned = await plan(self.bootstrap, self.topic, look_at_heads=False)
         partition = partition_for(key, len(planned.spans))
         span = planned.span(partition)
         model = ConsoleModel(self.config, retry_base_ms=self.retry_base_ms, book=self.book, only_key=key)

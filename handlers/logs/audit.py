@@ -62,7 +62,7 @@ async def live_states(
                 raw[key] = record.value
 
     try:
-        spans = (await plan(bootstrap, topic, partitions=[partition])).spans
+        spans = (await plan(bootstrap, topic, partitions=[partition], look_at_heads=False)).spans
     except LookupError:
         return {}
     await read(bootstrap, spans, keep, keys=wanted)
@@ -124,11 +124,13 @@ class ConversationRead:
     @property
     def partial(self) -> bool:
         """Whether records of this conversation may be gone: its partition lost its head and the conversation
-        began before what is kept (or where it began is not recorded)."""
+        began before what is kept (or where it began is not recorded). In a copy of a partial history (a head
+        with records lost before the copy) any conversation may have begun in what the source had lost."""
         heads = [h for h in self.history.partial]
         if not heads:
             return False
-        return self.start is None or self.start.offset < heads[0].log_start
+        head = heads[0]
+        return head.inherited > 0 or self.start is None or self.start.offset < head.log_start
 
 
 async def read_conversation(

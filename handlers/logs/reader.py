@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from handlers.kafka.topic_io import topic_partitions
-from projections.logs.scan import History, PartitionHead
+from projections.logs.scan import History, PartitionHead, missing_before
 from schemas.records import MARKER_KEY
 
 Records = Sequence[ConsumerRecord[bytes, bytes]]
@@ -35,6 +35,7 @@ MARKER = MARKER_KEY.encode()
 Progress = Callable[[int, int], None]  # (partition, records just read)
 
 FETCH_BYTES = 4 * 1024 * 1024  # per partition and fetch: one partition is read at a time, so ask for a lot
+HEAD_FETCH_BYTES = 64 * 1024  # a plan looks at one record per partition (a fetch still returns a whole batch)
 STALL_S = 60.0
 PASS_RECORDS = 100_000
 """A partition longer than this is folded in several passes, each over a share of its keys (`key_shares`)."""
@@ -116,15 +117,16 @@ class _Share:
 
 
 @asynccontextmanager
-async def log_consumer(bootstrap: str) -> AsyncIterator[AIOKafkaConsumer]:
-    """A started consumer without a group (it never commits), tuned to read one partition at a time fast."""
+async def log_consumer(bootstrap: str, fetch_bytes: int = FETCH_BYTES) -> AsyncIterator[AIOKafkaConsumer]:
+    """A started consumer without a group (it never commits), tuned to read one partition at a time fast (or,
+    with small `fetch_bytes`, to look at a few records cheaply)."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
-        max_partition_fetch_bytes=FETCH_BYTES,
-        fetch_max_bytes=4 * FETCH_BYTES,
+        max_partition_fetch_bytes=fetch_bytes,
+        fetch_max_bytes=4 * fetch_bytes,
         fetch_max_wait_ms=100,
     )
     await consumer.start()
@@ -152,11 +154,13 @@ async def plan(
     partitions: Collection[int] | None = None,
     starts: Mapping[int, int] | None = None,
     from_ms: int | None = None,
+    look_at_heads: bool = True,
 ) -> Plan:
     """Where each partition of `topic` (or of `partitions`) starts and ends now, and where to read it from;
-    LookupError when the topic does not exist."""
+    LookupError when the topic does not exist. Each partition's first record is looked at (`look_at_heads`) for
+    the time it holds and for the count of records lost before a copy (`HISTORY_MISSING_HEADER`)."""
     tps = [tp for tp in await topic_partitions(bootstrap, topic) if partitions is None or tp.partition in partitions]
-    async with log_consumer(bootstrap) as consumer:
+    async with log_consumer(bootstrap, HEAD_FETCH_BYTES) as consumer:
         begins = await consumer.beginning_offsets(tps)
         ends = await consumer.end_offsets(tps)
         at_time: dict[TopicPartition, int] = {}
@@ -165,10 +169,13 @@ async def plan(
             at_time = {tp: (hit.offset if (hit := found.get(tp)) is not None else ends[tp]) for tp in tps}
         heads = []
         for tp in tps:
-            first_ms = None
-            if begins[tp] > 0 and ends[tp] > begins[tp]:
-                first_ms = await _timestamp_at(consumer, tp, begins[tp])
-            heads.append(PartitionHead(tp.partition, begins[tp], ends[tp], first_ms))
+            first_ms, inherited = None, 0
+            if look_at_heads and ends[tp] > begins[tp]:
+                first = await _record_at(consumer, tp, begins[tp])
+                inherited = missing_before(first.headers) if first is not None else 0
+                if first is not None and (begins[tp] > 0 or inherited):
+                    first_ms = first.timestamp
+            heads.append(PartitionHead(tp.partition, begins[tp], ends[tp], first_ms, inherited))
     spans = []
     for tp in tps:
         start = max(begins[tp], (starts or {}).get(tp.partition, begins[tp]), at_time.get(tp, begins[tp]))
@@ -176,13 +183,15 @@ async def plan(
     return Plan(topic, tuple(spans), History(topic, tuple(heads)))
 
 
-async def _timestamp_at(consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> int | None:
-    """The timestamp of the first record at or after `offset` (the first one a partial partition still has)."""
+async def _record_at(
+    consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int
+) -> ConsumerRecord[bytes, bytes] | None:
+    """The first record at or after `offset` (the first one a partition still holds)."""
     consumer.assign([tp])
     consumer.seek(tp, offset)
     batch = await consumer.getmany(tp, timeout_ms=2000, max_records=1)
     records = batch.get(tp, [])
-    return records[0].timestamp if records else None
+    return records[0] if records else None
 
 
 async def read(
@@ -213,7 +222,7 @@ async def last_of(
     backwards from the end in growing chunks: a recently written key is found in the first chunk however long the
     changelog is; only a key last written long ago costs a longer read. None when there is none (or no topic)."""
     try:
-        span = (await plan(bootstrap, topic, partitions=[partition])).span(partition)
+        span = (await plan(bootstrap, topic, partitions=[partition], look_at_heads=False)).span(partition)
     except (LookupError, StopIteration):
         return None
     high = span.end

@@ -19,6 +19,7 @@ from handlers.kafka.topics import changelog_topic
 from handlers.logs.reader import Progress, Records, Share, Span, batches, key_shares, log_consumer, plan, read
 from projections.logs.rebuild import TableBuilder
 from schemas.configs import ConfigBook
+from schemas.records import HISTORY_MISSING_HEADER
 
 SOURCE_TOPICS = ("conversations", "sweeps")
 REBUILT_TABLES = ("conversation_state", "sweep_state", "timers", "partition_configs")
@@ -89,7 +90,7 @@ def passes(records: int) -> int:
 
 async def _spans(bootstrap: str, topic: str, partition: int) -> tuple[Span, ...]:
     try:
-        return (await plan(bootstrap, topic, partitions=[partition])).spans
+        return (await plan(bootstrap, topic, partitions=[partition], look_at_heads=False)).spans
     except LookupError:  # no sweeps topic yet: nothing to fold
         return ()
 
@@ -98,30 +99,46 @@ async def copy_partition(
     bootstrap: str, source: str, target: str, partition: int, producer: AIOKafkaProducer, progress: Progress
 ) -> int:
     """Append to `target`'s partition what it lacks of `source`'s (a resumed copy skips the records already there),
-    reading and producing batch by batch."""
-    spans = await _spans(bootstrap, source, partition)
-    if not spans:
+    reading and producing batch by batch, each record with its key, headers and time. The copy starts at offset 0,
+    so when the source lost records from its head, the first record copied says how many (`missing_header`)."""
+    try:
+        source_plan = await plan(bootstrap, source, partitions=[partition])
+    except LookupError:
         return 0
+    span, head = source_plan.spans[0], source_plan.history.heads[0]
     have = await _spans(bootstrap, target, partition)
     already = have[0].end if have else 0
-    span = spans[0]
     span = Span(span.topic, span.partition, span.start + already, span.end)
     copied = 0
     pending: list[asyncio.Future[object]] = []
     async with log_consumer(bootstrap) as consumer:
         async for batch in batches(consumer, span, progress=progress):
             for record in batch:
+                headers = list(record.headers)
+                if already == 0 and copied == 0 and head.missing:
+                    headers = missing_header(headers, head.missing)
                 pending.append(
                     await producer.send(
-                        target, value=record.value, key=record.key, partition=partition, headers=list(record.headers)
+                        target,
+                        value=record.value,
+                        key=record.key,
+                        partition=partition,
+                        timestamp_ms=record.timestamp,
+                        headers=headers,
                     )
                 )
-            copied += len(batch)
+                copied += 1
             if len(pending) >= IN_FLIGHT:
                 await asyncio.gather(*pending)
                 pending.clear()
     await asyncio.gather(*pending)
     return copied
+
+
+def missing_header(headers: list[tuple[str, bytes]], missing: int) -> list[tuple[str, bytes]]:
+    """`headers` with the count of records lost before this one (replacing a count an earlier copy wrote)."""
+    kept = [(name, value) for name, value in headers if name != HISTORY_MISSING_HEADER]
+    return [*kept, (HISTORY_MISSING_HEADER, str(missing).encode())]
 
 
 async def write_tables(

@@ -108,7 +108,11 @@ async def window_keys(bootstrap: str, topic: str, partition: int, from_ms: int) 
     def keep(p: int, records: Records) -> None:
         keys.update(r.key for r in records if r.key is not None)
 
-    await read(bootstrap, (await plan(bootstrap, topic, partitions=[partition], from_ms=from_ms)).spans, keep)
+    await read(
+        bootstrap,
+        (await plan(bootstrap, topic, partitions=[partition], from_ms=from_ms, look_at_heads=False)).spans,
+        keep,
+    )
     return keys
 
 

@@ -23,7 +23,7 @@ from projections.logs.versions import PartitionVersions
 from schemas.codec import Undecodable, decode_conversation_event, decode_sweep_event
 from schemas.configs import ConfigBook, ConfigDocument
 from schemas.keys import partition_slot
-from schemas.records import ConversationEvent, SweepEvent
+from schemas.records import HISTORY_MISSING_HEADER, ConversationEvent, SweepEvent
 
 E = TypeVar("E")
 
@@ -88,17 +88,21 @@ def sweep_scan(book: ConfigBook) -> LogScan[SweepEvent]:
 
 @dataclass(frozen=True)
 class PartitionHead:
-    """Where a partition's log starts now, and the time of the first record it still holds."""
+    """Where a partition's log starts now, the time of the first record it still holds, and how many records the
+    history it was copied from had already lost (`replay state --to-app` from a partial history writes that count
+    on the first record it copies: `schemas.records.HISTORY_MISSING_HEADER`)."""
 
     partition: int
     log_start: int
     end: int
     first_ms: int | None = None
+    inherited: int = 0
 
     @property
     def missing(self) -> int:
-        """Records deleted from its head (retention or `deleteRecords`): the log start, as offsets begin at 0."""
-        return self.log_start
+        """Records missing from its head: those deleted here (retention or `deleteRecords`: the log start, as
+        offsets begin at 0), and those its source had lost before it was copied."""
+        return self.log_start + self.inherited
 
 
 @dataclass(frozen=True)
@@ -135,15 +139,30 @@ class History:
         if not self.is_partial:
             return f"{self.topic}: the history is complete (every partition starts at offset 0)"
         parts = ", ".join(
-            f"{h.partition} ({h.missing:,} missing" + (f", kept from {iso(h.first_ms)}" if h.first_ms else "") + ")"
+            f"{h.partition} ({h.missing:,} missing"
+            + (f", {h.inherited:,} of them before the copy" if h.inherited else "")
+            + (f", kept from {iso(h.first_ms)}" if h.first_ms else "")
+            + ")"
             for h in self.partial
         )
         since = self.complete_from_ms
         tail = f"; complete only from {iso(since)}" if since is not None else ""
+        copied = " (or by the history it was copied from)" if any(h.inherited for h in self.partial) else ""
         return (
             f"{self.topic}: the history is partial: {self.missing:,} records deleted from the head of "
-            f"partition(s) {parts}{tail}"
+            f"partition(s) {parts}{copied}{tail}"
         )
+
+
+def missing_before(headers: Iterable[tuple[str, bytes]]) -> int:
+    """The count of records a copied history had lost before this record (its `HISTORY_MISSING_HEADER`), or 0."""
+    for name, value in headers:
+        if name == HISTORY_MISSING_HEADER:
+            try:
+                return max(0, int(value))
+            except ValueError:
+                return 0
+    return 0
 
 
 def iso(at_ms: int) -> str:

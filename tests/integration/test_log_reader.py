@@ -164,6 +164,37 @@ def test_a_log_that_lost_its_head_says_so_in_every_reader(kafka_bootstrap: str, 
     assert "partial" not in cli(env, "audit", "--conversation", untouched).stderr  # its partition is whole
 
 
+def test_a_copy_of_a_partial_history_knows_it_is_partial(kafka_bootstrap: str, app_id: str, tmp_path: Path) -> None:
+    """`replay state --to-app` from a log that lost its head: the new app's log starts at offset 0, yet every
+    reader of the new app still says how many records are gone, and the copied records keep their times."""
+    asyncio.run(applied_log(kafka_bootstrap, app_id, 6))
+    source = f"{app_id}.conversations"
+    asyncio.run(delete_head(kafka_bootstrap, source, 0, 10))
+    env = env_of(kafka_bootstrap, app_id, tmp_path)
+    new_app = f"{app_id}-copy"
+    copied = cli(env, "replay", "state", "--to-app", new_app, "--accept-partial-history")
+    assert copied.returncode == 0, copied.stderr
+
+    target = f"{new_app}.conversations"
+    history = asyncio.run(plan(kafka_bootstrap, target)).history
+    assert [(h.partition, h.log_start, h.inherited) for h in history.partial] == [(0, 0, 10)]
+    assert "10 missing, 10 of them before the copy" in history.describe()
+    source_head = asyncio.run(plan(kafka_bootstrap, source)).history.heads[0]
+    assert history.heads[0].first_ms == source_head.first_ms  # the first kept record's own time, not the copy's
+
+    (tmp_path / "new").mkdir()
+    new_env = env_of(kafka_bootstrap, new_app, tmp_path / "new")
+    again = cli(new_env, "replay", "state")
+    assert again.returncode == 2 and "partition(s) 0 (10 missing" in again.stderr, again.stderr
+    verified = cli(new_env, "audit", "--verify")
+    assert "note: " in verified.stderr and "the history is partial" in verified.stderr, verified.stderr
+
+    copy_of_copy = cli(new_env, "replay", "state", "--to-app", f"{app_id}-copy2", "--accept-partial-history")
+    assert copy_of_copy.returncode == 0, copy_of_copy.stderr
+    twice = asyncio.run(plan(kafka_bootstrap, f"{app_id}-copy2.conversations")).history
+    assert [(h.partition, h.missing) for h in twice.partial] == [(0, 10)]  # counted once, not once per copy
+
+
 def test_one_conversation_is_read_from_its_first_record(kafka_bootstrap: str, app_id: str, tmp_path: Path) -> None:
     document, keys = asyncio.run(applied_log(kafka_bootstrap, app_id, 8))
     env = env_of(kafka_bootstrap, app_id, tmp_path)
