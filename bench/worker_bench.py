@@ -28,6 +28,8 @@ the send time taken just before the message is posted).
     .venv/bin/python bench/worker_bench.py --bootstrap 127.0.0.1:9092 --mode scale [--kafka-pid PID]
     .venv/bin/python bench/worker_bench.py --bootstrap 127.0.0.1:9092 --conversations 50 --against 377c1bf
 
+`--env NAME=VALUE` sets a variable for every process of the stack (`ROUTER_COMMIT_INTERVAL_MS=8000`, say).
+
 `--against REF` exports REF (`git archive`) into a temporary directory with a virtual environment of its own,
 copies this file there, runs both sides alternately twice and prints the ratio of the worker's CPU per conversation
 (`WORKER_BENCH_REPO=DIR` exports from DIR when this file runs from a copy of the tree). `--profile FILE` records
@@ -504,6 +506,7 @@ def main() -> int:
     parser.add_argument("--keep", help="keep the processes' logs and state in this directory")
     parser.add_argument("--against", metavar="REF", help="also run in a checkout of REF with its own venv; ratios")
     parser.add_argument("--profile", metavar="FILE", help="py-spy record the worker during the baseline burst")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set for every process")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         tmp = Path(args.keep or scratch)
@@ -514,6 +517,9 @@ def main() -> int:
             # carry more sweep work than earlier ones (and a sweep can catch a conversation between its
             # creation and its first message). The processes share this dict: change it before they start.
             stack.env["ROUTER_SWEEP_INTERVAL_S"] = "3600"
+        for setting in args.env:
+            name, _, value = setting.partition("=")
+            stack.env[name] = value
         stack.start()
         try:
             if args.mode == "isolation":

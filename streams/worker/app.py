@@ -59,11 +59,6 @@ SHUTDOWN_DRAIN_S = 5.0
 REVOKE_DRAIN_S = 5.0
 HEADS_RETRY_S = 1.0  # how often the heads an assignment could not look up are asked for again
 SESSION_TIMEOUT_S = 15.0
-COMMIT_INTERVAL_S = 2.8
-"""The write cache is written and the offsets committed at least this often (docs/architecture.md "The commit
-protocol"): it bounds the records folded again after a crash; latency never waits for it (reads come from the
-cache). Faust's default; against 1 s a turn spans fewer commits, so its state and `timers` entry are written
-fewer times (docs/benchmarks.md, issue 23)."""
 COMMIT_EVERY = 1000
 """... and after this many records, whichever comes first (Faust's `broker_commit_every`)."""
 WRITE_CACHE = True
@@ -120,7 +115,10 @@ class WorkerApp:
             producer_acks=-1,
             # a worker killed without leaving the group holds its partitions until its session times out
             broker_session_timeout=SESSION_TIMEOUT_S,
-            broker_commit_interval=COMMIT_INTERVAL_S,
+            # ROUTER_COMMIT_INTERVAL_MS: the write cache is written and the offsets committed at least this often
+            # (docs/architecture.md "The commit protocol"); it bounds the records folded again after a crash, and
+            # latency never waits for it (reads come from the cache)
+            broker_commit_interval=env.commit_interval_ms / 1000,
             broker_commit_every=COMMIT_EVERY,
             # ROUTER_WORKER_ID: static membership (KIP-345); a restart within the session keeps the assignment
             consumer_group_instance_id=env.worker_id,

@@ -29,6 +29,7 @@ class WorkerEnv:
     worker_id: str | None = None
     fresh_read_ms: int = 5000
     log_retention_ms: int | None = None  # ROUTER_LOG_RETENTION_MS: None keeps the event log forever
+    commit_interval_ms: int = 2800  # ROUTER_COMMIT_INTERVAL_MS: write cache and offsets at least this often
 
     def topic(self, name: str) -> str:
         """`<app>.<name>`: conversations, effects, sweeps, dlq."""
@@ -46,6 +47,7 @@ class WorkerEnv:
             worker_id=env.worker_id,
             fresh_read_ms=env.fresh_read_ms,
             log_retention_ms=env.log_retention_ms,
+            commit_interval_ms=env.commit_interval_ms,
         )
 
 
