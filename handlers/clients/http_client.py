@@ -20,8 +20,10 @@ The transport as published does not behave like httpx's own, so this module pins
   router's clients put their whole call, body included, under one `asyncio.timeout` of the same length, so
   the limit a call gets is unchanged.
 - **Redirects** are never followed (httpx's `follow_redirects=False`, and the transport passes
-  `allow_redirects=False`); **cookies** stay in httpx's jar only (aiohttp's would send them a second time);
-  environment proxies are honoured as httpx honours them (its proxy mounts get this transport too).
+  `allow_redirects=False`); **cookies** are never kept nor sent: both APIs authenticate by token, one client
+  serves every account (a cookie one account's answer set would ride on the next account's requests), and
+  httpx's jar pass on every response cost 2.7 % of the worker's CPU (docs/benchmarks.md, issue 23); environment
+  proxies are honoured as httpx honours them (its proxy mounts get this transport too).
 - **Headers** are httpx's; aiohttp adds none of its own because httpx always sets them. Response heads may be
   as large as httpcore accepted (16 KiB a line instead of aiohttp's 8 KiB).
 """
@@ -155,8 +157,20 @@ class RouterTransport(AiohttpTransport):
         return response
 
 
+class _NoCookies(httpx.Cookies):
+    """A cookie store that keeps nothing: responses' `Set-Cookie` headers are ignored, so no request has any."""
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        return None
+
+
 class RouterHTTPClient(httpx.AsyncClient):
-    """`httpx.AsyncClient` whose default transport (and proxy transports) is `RouterTransport`."""
+    """`httpx.AsyncClient` whose default transport (and proxy transports) is `RouterTransport`, and which keeps no
+    cookies."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._cookies = _NoCookies()  # the `cookies` setter would copy it into a plain `Cookies`
 
     def _init_transport(
         self,
