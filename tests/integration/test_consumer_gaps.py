@@ -56,7 +56,7 @@ async def test_aiokafka_does_not_rewind_a_partition_that_was_never_committed(kaf
         await consumer.stop()
 
 
-def worker_app(tmp_path: Path, bootstrap: str, app_id: str) -> WorkerApp:
+def worker_app(tmp_path: Path, bootstrap: str, app_id: str, commit_interval_ms: int = 2800) -> WorkerApp:
     config = RouterConfig.model_validate(
         {
             "chatwoot": {"baseUrl": "http://127.0.0.1:9"},
@@ -64,8 +64,24 @@ def worker_app(tmp_path: Path, bootstrap: str, app_id: str) -> WorkerApp:
         }
     )
     secrets = Secrets(chatwoot_token="t", agent_bot_tokens={1: "b"}, agent_bot_secrets={1: "s"}, typesafe_api_key="k")
-    env = WorkerEnv(app_id=app_id, bootstrap=bootstrap, partitions=1, data_dir=tmp_path / "state")
+    env = WorkerEnv(
+        app_id=app_id,
+        bootstrap=bootstrap,
+        partitions=1,
+        data_dir=tmp_path / "state",
+        commit_interval_ms=commit_interval_ms,
+    )
     return WorkerApp(Settings(config=config, secrets=secrets), env)
+
+
+async def test_the_commit_interval_is_the_operators(tmp_path: Path, kafka_bootstrap: str, app_id: str) -> None:
+    """ROUTER_COMMIT_INTERVAL_MS reaches Faust: its commit timer writes the cache and commits at that interval."""
+    worker = worker_app(tmp_path, kafka_bootstrap, app_id)
+    assert worker.app.conf.broker_commit_interval == 2.8
+    await worker.service.executor.aclose()
+    slower = worker_app(tmp_path / "other", kafka_bootstrap, app_id, commit_interval_ms=8000)
+    assert slower.app.conf.broker_commit_interval == 8.0
+    await slower.service.executor.aclose()
 
 
 async def test_a_gap_is_read_and_folded_in_order_before_the_record_that_revealed_it(

@@ -67,6 +67,8 @@ def test_values_are_read_and_blank_means_unset() -> None:
         ("KAFKA_BOOTSTRAP_SERVERS", "a b:1"),
         ("ROUTER_MAX_CONNECTIONS", "0"),
         ("ROUTER_KEEPALIVE_TIMEOUT_S", "-5"),
+        ("ROUTER_COMMIT_INTERVAL_MS", "50"),
+        ("ROUTER_COMMIT_INTERVAL_MS", "2.8"),
     ],
 )
 def test_bad_values_name_the_variable(name: str, value: str) -> None:
@@ -81,6 +83,8 @@ def test_the_worker_env_keeps_its_shape_on_top_of_the_model() -> None:
     env = read_worker_env({"ROUTER_APP_ID": "w", "ROUTER_PARTITIONS": "3", "ROUTER_DATA_DIR": "/tmp/s"})
     assert env == WorkerEnv(app_id="w", partitions=3, data_dir=Path("/tmp/s"))
     assert env.topic("effects") == "w.effects"
+    assert env.commit_interval_ms == 2800
+    assert read_worker_env({"ROUTER_COMMIT_INTERVAL_MS": "8000"}).commit_interval_ms == 8000
     with pytest.raises(ConfigError, match="ROUTER_SWEEP_INTERVAL_S"):
         read_worker_env({"ROUTER_SWEEP_INTERVAL_S": "inf"})
 
