@@ -38,6 +38,7 @@ from streams.kafka.local import (
     free_port,
     port_in_use,
 )
+from streams.kafka.ports import free_port_run
 
 CLUSTER_SIZE = 3
 MIN_INSYNC_REPLICAS = 2
@@ -82,15 +83,6 @@ def node_properties(node_id: int, port: int, controller_port: int, voters: str, 
             "",
         ]
     )
-
-
-def free_port_run(count: int, *, attempts: int = 200) -> int:
-    """The first of `count` consecutive TCP ports on 127.0.0.1 that were free a moment ago."""
-    for _ in range(attempts):
-        first = free_port()
-        if first + count <= 65535 and not any(port_in_use(first + n) for n in range(1, count)):
-            return first
-    raise KafkaLaunchError(f"found no {count} consecutive free ports on 127.0.0.1")
 
 
 @dataclass

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from streams.kafka.ports import free_port, port_in_use
+
 KAFKA_VERSION = "4.1.1"
 DEFAULT_PORT = 9092
 READY_TIMEOUT_S = 90.0
@@ -86,25 +88,6 @@ def ensure_jars(version: str = KAFKA_VERSION, *, quiet: bool = False) -> Path:
 def _ensure_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def port_in_use(port: int) -> bool:
-    """Whether something already listens on 127.0.0.1:`port`."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-        return False
 
 
 def broker_properties(port: int, controller_port: int, log_dir: Path) -> str:
