@@ -33,6 +33,8 @@ from streams.worker import WorkerEnv, build_worker, read_worker_env
 
 log = logging.getLogger("chatwoot_router.worker")
 
+STARTING_AGAIN_START = "kafka failed the worker's start; starting again"
+STARTING_AGAIN_RUN = "a kafka error stopped the running worker; starting again"
 BROKER_RETRY_S = 0.5  # between attempts while a starting worker waits for the broker (no cap on the wait)
 DEFAULT_WEB_PORT = 6066
 DEFAULT_WEB_HOST = "127.0.0.1"
@@ -170,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     except SystemExit as stopped:
         error = worker.start_error or worker.crash_reason
         if stopped.code and is_broker_fault(error) and not stop_requested(BROKER_RETRY_S):
-            start_again(error)
+            start_again(error, while_starting=worker.start_error is not None)
         raise
     return 0
 
@@ -193,11 +195,11 @@ def stop_requested(seconds: float) -> bool:
             signal.signal(signum, handler)
 
 
-def start_again(error: BaseException | None) -> None:
+def start_again(error: BaseException | None, *, while_starting: bool) -> None:
     """Replace this process by a fresh start of the same command: Faust's app cannot start twice in one process,
     and a supervisor should not see an exit for what is the broker's fault."""
     log.warning(
-        "kafka failed the worker's start; starting again",
+        STARTING_AGAIN_START if while_starting else STARTING_AGAIN_RUN,
         extra={"error_type": type(error).__name__, "error": str(error)[:200]},
     )
     logging.shutdown()

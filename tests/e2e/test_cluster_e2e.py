@@ -41,6 +41,7 @@ from handlers.ingress.producer_health import topic_min_isr
 from projections.webhook import sign
 from streams.kafka.cluster import LocalCluster, free_port_run, registered_brokers, start_cluster
 from streams.kafka.local import free_port, port_in_use
+from streams.worker_cmd import STARTING_AGAIN_RUN, STARTING_AGAIN_START
 from tests.support.cluster import (
     FOLLOW_UP,
     Attempt,
@@ -253,6 +254,10 @@ def check(
     (webhook deliveries, metadata snapshots, /healthz samples, faults) is kept in `<tmp>/<name>.evidence.json`."""
     assert not feed.failures, feed.failures[:5]
     assert routed.worker_pids() == pids and all(w.alive() for w in routed.workers), "a worker was restarted"
+    # A Kafka error that stops a running worker starts it again in the same process (pid unchanged): tolerated, and
+    # said, since its partitions move meanwhile (one CI run had one during a leader kill).
+    again = {w.name: starts_again(w) for w in routed.workers}
+    print(f"{name}: the workers started again in their process after a Kafka error: {again}")
     deliveries = routed.stack.control("GET", "/log?include=webhooks")["webhooks"]
     attempts = attempts_of(deliveries, set(feed.conversations), PARTITIONS)
     evidence = {
@@ -271,6 +276,12 @@ def check(
     lying = healthy_while_every_write_failed(health.samples, attempts)
     assert not lying, f"/healthz answered 200 while every write failed, at {lying[:5]}"
     return attempts
+
+
+def starts_again(worker: Process) -> int:
+    """How often the worker replaced itself by a fresh start after a Kafka error, over its whole log."""
+    text = worker.log_tail(1_000_000)
+    return text.count(STARTING_AGAIN_START) + text.count(STARTING_AGAIN_RUN)
 
 
 def leaders_moved_off(routed: Routed, node_id: int) -> bool:
@@ -522,5 +533,4 @@ def test_a_worker_started_while_a_node_is_down_starts_instead_of_exiting(whole: 
             routed.cluster.wait_in_sync(120)
         flowing(routed, 20)
     settle(routed, feed.conversations)
-    starts_again = worker.log_tail(100000).count("kafka failed the worker's start; starting again")
-    print("\n" + "\n".join([*lines, f"starts again after a broker fault: {starts_again}"]))
+    print("\n" + "\n".join([*lines, f"starts again after a broker fault: {starts_again(worker)}"]))
