@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import errno
 
 import pytest
@@ -19,7 +18,7 @@ from streams.worker_cmd import is_broker_fault
         KafkaConnectionError("closed"),
         NotLeaderForPartitionError(),
         ConnectionRefusedError(errno.ECONNREFUSED, "refused"),
-        asyncio.TimeoutError(),
+        TimeoutError(),
     ],
 )
 def test_a_kafka_or_connection_error_is_the_brokers_fault(error: BaseException) -> None:
