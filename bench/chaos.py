@@ -273,6 +273,7 @@ class Result:
     app_id: str
     broker_restarts: int
     self_exits: int
+    starts_again: int = 0  # a worker replaced itself after a Kafka error (same pid: `self_exits` cannot see it)
 
     def summary(self) -> str:
         c = self.verdict.counts
@@ -295,6 +296,7 @@ class Result:
             f"brokers={o.brokers}",
             f"broker_restarts={self.broker_restarts}",
             f"self_exits={self.self_exits}",
+            f"starts_again={self.starts_again}",
             f"duration={self.duration_s:.0f}s",
         ]
         return f"chaos: {' '.join(fields)} {'PASS' if self.verdict.passed else 'FAIL'}"
@@ -461,6 +463,14 @@ class Chaos:
             self.broker.stop()
         if self.cluster is not None:
             self.cluster.stop()
+
+    def starts_again(self) -> int:
+        """How often a worker started again in its own process after a Kafka error (`streams/worker_cmd.py`)."""
+        return sum(
+            w.log_path.read_text(encoding="utf-8", errors="replace").count("; starting again")
+            for w in self.workers
+            if w.log_path.exists()
+        )
 
     async def supervise(self, stop: asyncio.Event) -> None:
         """Restart a process that exited by itself (not killed by us), and report it."""
@@ -786,6 +796,7 @@ class Chaos:
                 self.app_id,
                 self.broker_restarts,
                 self.self_exits,
+                self.starts_again(),
             )
         finally:
             stop.set()
