@@ -12,6 +12,7 @@ from pathlib import Path
 
 from streams.kafka.cluster import LocalCluster, start_cluster
 from streams.kafka.local import DEFAULT_PORT, KafkaLaunchError, LocalKafka, ensure_jars, start_broker
+from streams.kafka.ports import NoFreePort
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     try:
         served = (start_cluster if args.brokers > 1 else start_broker)(args.port, args.data_dir, quiet=False)
-    except KafkaLaunchError as exc:
+    except (KafkaLaunchError, NoFreePort) as exc:
         print(f"chatwoot-router kafka: {exc}", file=sys.stderr)
         return 1
     print(f"ready bootstrap={served.bootstrap}", flush=True)
