@@ -63,6 +63,7 @@ from sandbox.scenario import from_config
 from schemas.config import parse_config
 from streams.kafka.cluster import LocalCluster, start_cluster
 from streams.kafka.local import LocalKafka, free_port, start_broker
+from streams.worker_cmd import STARTING_AGAIN
 
 ROOT = Path(__file__).resolve().parents[1]
 USER_TOKEN = "chaos-user-token"
@@ -467,7 +468,7 @@ class Chaos:
     def starts_again(self) -> int:
         """How often a worker started again in its own process after a Kafka error (`streams/worker_cmd.py`)."""
         return sum(
-            w.log_path.read_text(encoding="utf-8", errors="replace").count("; starting again")
+            w.log_path.read_text(encoding="utf-8", errors="replace").count(STARTING_AGAIN)
             for w in self.workers
             if w.log_path.exists()
         )

@@ -33,8 +33,9 @@ from streams.worker import WorkerEnv, build_worker, read_worker_env
 
 log = logging.getLogger("chatwoot_router.worker")
 
-STARTING_AGAIN_START = "kafka failed the worker's start; starting again"
-STARTING_AGAIN_RUN = "a kafka error stopped the running worker; starting again"
+STARTING_AGAIN = "; starting again"  # ends both lines below: what the tests and the kill loop count
+STARTING_AGAIN_START = "kafka failed the worker's start" + STARTING_AGAIN
+STARTING_AGAIN_RUN = "a kafka error stopped the running worker" + STARTING_AGAIN
 BROKER_RETRY_S = 0.5  # between attempts while a starting worker waits for the broker (no cap on the wait)
 DEFAULT_WEB_PORT = 6066
 DEFAULT_WEB_HOST = "127.0.0.1"

@@ -35,10 +35,8 @@ from streams.kafka.local import (
     _java_command,
     _saved_cluster_id,
     ensure_jars,
-    free_port,
-    port_in_use,
 )
-from streams.kafka.ports import free_port_run
+from streams.kafka.ports import free_port, free_port_run, port_in_use
 
 CLUSTER_SIZE = 3
 MIN_INSYNC_REPLICAS = 2

@@ -41,7 +41,7 @@ from handlers.ingress.producer_health import topic_min_isr
 from projections.webhook import sign
 from streams.kafka.cluster import LocalCluster, free_port_run, registered_brokers, start_cluster
 from streams.kafka.local import free_port, port_in_use
-from streams.worker_cmd import STARTING_AGAIN_RUN, STARTING_AGAIN_START
+from streams.worker_cmd import STARTING_AGAIN
 from tests.support.cluster import (
     FOLLOW_UP,
     Attempt,
@@ -280,8 +280,7 @@ def check(
 
 def starts_again(worker: Process) -> int:
     """How often the worker replaced itself by a fresh start after a Kafka error, over its whole log."""
-    text = worker.log_tail(1_000_000)
-    return text.count(STARTING_AGAIN_START) + text.count(STARTING_AGAIN_RUN)
+    return worker.log_tail(1_000_000).count(STARTING_AGAIN)
 
 
 def leaders_moved_off(routed: Routed, node_id: int) -> bool:
