@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from projections.redaction import (
-    MAX_TEXT_UNITS,
     REDACTED,
     cut_utf16,
     email_domain,
@@ -19,6 +18,7 @@ from projections.redaction import (
 )
 
 R = REDACTED
+MAX_TEXT_UNITS = 1600  # behavior.md §6.6 (d): cut to 1,600 characters (JavaScript's, i.e. UTF-16 code units)
 
 
 def redact(text: str, name: str | None = None, email: str | None = None) -> str:

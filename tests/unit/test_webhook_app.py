@@ -21,13 +21,14 @@ from hypothesis import strategies as st
 
 from handlers.ingress.door import WEBHOOK_PATH, SettingsFile, create_app
 from handlers.logging_setup import JsonFormatter
-from projections.webhook import MAX_BODY_BYTES, sign
+from projections.webhook import sign
 from schemas.config import ConfigError, Secrets, Settings, parse_config
 from schemas.records import WebhookReceived
 
 NOW_MS = 1_790_000_000_250
 NOW_S = "1790000000"
 SECRETS = {1: "whsec-account-one", 2: "whsec-account-two"}
+TWO_MIB = 2 * 1024 * 1024  # behavior.md §3.2 step 0 (Decisions 1): larger bodies get 413, exactly 2 MiB is accepted
 CONFIG = {
     "chatwoot": {"baseUrl": "http://127.0.0.1:3000"},
     "routing": {
@@ -241,13 +242,13 @@ def padded_to(size: int) -> bytes:
 
 
 async def test_exactly_two_mib_is_accepted(door: Door) -> None:
-    body = padded_to(MAX_BODY_BYTES)
-    assert len(body) == MAX_BODY_BYTES
+    body = padded_to(TWO_MIB)
+    assert len(body) == TWO_MIB
     assert await door.post(body, signed(body)) == (200, '{"ok":true}')
 
 
 async def test_one_byte_more_is_413_before_any_other_check(door: Door) -> None:
-    body = padded_to(MAX_BODY_BYTES + 1)
+    body = padded_to(TWO_MIB + 1)
     assert await door.post(body, signed(body)) == (413, "payload too large")
     assert await door.post(body, {}) == (413, "payload too large")  # no timestamp, no signature
 
@@ -268,7 +269,7 @@ async def test_oversize_with_failing_settings_is_still_413() -> None:
 
     running, stop = await start_door(broken)
     try:
-        assert await running.post(padded_to(MAX_BODY_BYTES + 1), {}) == (413, "payload too large")
+        assert await running.post(padded_to(TWO_MIB + 1), {}) == (413, "payload too large")
     finally:
         await stop()
 
