@@ -6,9 +6,11 @@ conversation, a billing question, an opening-hours question (the canned reply), 
 a question whose reads fail once (a retry) and one whose reads keep failing (handoff mode); then
 `config apply`s a change (spam is snoozed instead of resolved, sales loses its owner) and routes spam, a billing
 and a sales question again. Each conversation's log, with its partition's `ConfigApplied` markers, and the
-configuration versions are written to `tests/golden/config-change`; then the expected files are regenerated.
+configuration versions are written to `--out`, a new directory (`tests/golden/config-change` was recorded this way
+and, like every recorded history, is never re-recorded: see `tests/golden/histories.py`); then the new files are
+sealed into the manifest and the expected files are regenerated.
 
-    .venv/bin/python -m tests.golden.config_change [--bootstrap HOST:PORT]
+    .venv/bin/python -m tests.golden.config_change --out tests/golden/NAME [--bootstrap HOST:PORT]
 """
 
 from __future__ import annotations
@@ -22,10 +24,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.golden.histories import ROOT, record, regenerate
+from tests.golden.histories import record, regenerate, seal
 from tests.support.stack import Stack, router_config
 
-OUT = ROOT / "config-change"
 SPAM = "Casino spam advertising: unsolicited marketing offers for you"
 BILLING = "I was charged twice on my invoice, please refund the payment"
 SALES = "Can I get a sales quote and pricing plans for a discount?"
@@ -81,7 +82,10 @@ def broker(bootstrap: str | None) -> Iterator[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bootstrap", default=None, help="a running broker (default: start a local one)")
+    parser.add_argument("--out", type=Path, required=True, help="a new directory under tests/golden")
     args = parser.parse_args()
+    if args.out.exists() and any(args.out.iterdir()):
+        raise SystemExit(f"{args.out} is not empty: recorded histories are never re-recorded")
     app_id = f"golden-{uuid.uuid4().hex[:8]}"
     with broker(args.bootstrap) as bootstrap, tempfile.TemporaryDirectory() as tmp:
         stack = Stack(bootstrap, app_id, Path(tmp))
@@ -90,11 +94,10 @@ def main() -> None:
             drive(stack, Path(tmp))
         finally:
             stack.stop()
-        for stale in OUT.glob("*.jsonl"):
-            stale.unlink()
-        count = asyncio.run(record(bootstrap, app_id, OUT))
+        count = asyncio.run(record(bootstrap, app_id, args.out))
+    seal()
     regenerate()
-    print(f"recorded {count} conversations into {OUT} and regenerated the expected files")
+    print(f"recorded {count} conversations into {args.out}, sealed them and regenerated the expected files")
 
 
 if __name__ == "__main__":

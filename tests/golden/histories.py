@@ -8,19 +8,32 @@ Each history is a directory under `tests/golden/` with:
 - or, for a log recorded before configurations were events, `config.json` (the routing configuration) and
   `meta.json` (the fold settings, `retry_base_ms`), in force for the whole log;
 - `<account>-<conversation>.events.jsonl`: one conversation's events, `{"offset": o, "record": {...}}` a line, in
-  offset order, exactly as they were on `<app>.conversations` (with its partition's markers, if versioned);
+  offset order, as they were on `<app>.conversations` (with its partition's markers, if versioned);
 - `<account>-<conversation>.expected.jsonl`: per event, the commands and turn outcomes the fold must produce.
 
-Record a new history from a running router's log (for example `chatwoot-router demo --keep-running`); the
-configuration versions come from `<app>.configs`:
+**Recorded files are never regenerated.** The events, `configs.jsonl`, `config.json` and `meta.json` files are
+what an earlier release wrote, kept byte for byte: `MANIFEST.sha256` holds their sha256 (`sha256sum` format, run
+`cd tests/golden && sha256sum -c MANIFEST.sha256`) and `tests/unit/test_golden.py` fails when one changes or goes
+missing. Each record is decoded from its stored bytes by the worker's own decoder (`schemas/codec.py`), so a
+change of a record's shape that cannot read the old records fails here. Such a change keeps the old records
+readable with an *upcaster*: a function from the old record's JSON object to today's shape, registered for its
+`type` in `schemas.codec.UPCASTERS` (see that module), with a test in `tests/unit/test_upcast.py`. Never
+re-record or edit a recorded log to make a test pass.
+
+Record a new history from a running router's log (for example `chatwoot-router demo --keep-running`) into a new
+directory (`record` refuses one that already holds a recorded history), then seal it into the manifest and
+write its expected files; the configuration versions come from `<app>.configs`:
 
     .venv/bin/python -m tests.golden.histories record --bootstrap 127.0.0.1:19092 --app-id demo-1234abcd \\
         --out tests/golden/NAME
+    .venv/bin/python -m tests.golden.histories seal
+    .venv/bin/python -m tests.golden.histories regenerate
 
-(`tests/golden/config_change.py` drives the sandbox through a configuration change and records
-`tests/golden/config-change` this way.)
+(`tests/golden/config_change.py` drives the sandbox through a configuration change and records a history this
+way; `tests/golden/config-change` was recorded by it.)
 
-After a deliberate change of behaviour, regenerate every expected file (then review the diff like code):
+After a deliberate change of behaviour, regenerate the expected files (only `*.expected.jsonl` are written; then
+review their diff like code):
 
     .venv/bin/python -m tests.golden.histories regenerate
 """
@@ -29,15 +42,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter
-
 from projections.fold import Event, fold, fold_under
+from schemas.codec import decode_conversation_event, decode_marker
 from schemas.config import RouterConfig, load_config_file
 from schemas.configs import ConfigBook, ConfigDocument
 from schemas.records import ConfigApplied
@@ -45,7 +59,17 @@ from schemas.state import ConversationState
 
 ROOT = Path(__file__).resolve().parent
 CONFIGS = "configs.jsonl"
-_EVENT: TypeAdapter[Event] = TypeAdapter(Event)
+MANIFEST = "MANIFEST.sha256"
+EVENTS_SUFFIX = ".events.jsonl"
+EXPECTED_SUFFIX = ".expected.jsonl"
+SETTINGS = frozenset({CONFIGS, "config.json", "meta.json"})
+# a line of an events file, as `record` writes it: the record's JSON is kept as the bytes between the braces
+_LINE = re.compile(rb'\{"offset": ([0-9]+), "record": (\{.*\})\}')
+
+
+def is_recorded(path: Path) -> bool:
+    """Whether `path` is a recorded file (an earlier release's bytes: never rewritten) rather than an expectation."""
+    return path.name.endswith(EVENTS_SUFFIX) or path.name in SETTINGS
 
 
 @dataclass
@@ -69,17 +93,19 @@ class History:
         return (self.directory / CONFIGS).exists()
 
     def events(self) -> list[tuple[int, Event | ConfigApplied]]:
-        rows = map(json.loads, self.events_path.read_text().splitlines())
-        return [(int(row["offset"]), _parse(row["record"])) for row in rows]
+        """Each record decoded from its stored bytes as the worker decodes a `conversations` record: a marker, or
+        an event through `schemas.codec` (its upcasters included); an undecodable record raises `Undecodable`."""
+        events: list[tuple[int, Event | ConfigApplied]] = []
+        for number, line in enumerate(self.events_path.read_bytes().splitlines(), 1):
+            match = _LINE.fullmatch(line)
+            if match is None:
+                raise ValueError(f"{self.events_path}:{number}: not a recorded line")
+            offset, raw = int(match[1]), match[2]
+            events.append((offset, decode_marker(raw) or decode_conversation_event(raw)))
+        return events
 
     def expected(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.expected_path.read_text().splitlines()]
-
-
-def _parse(record: dict[str, Any]) -> Event | ConfigApplied:
-    if record.get("type") == "config_applied":
-        return ConfigApplied.model_validate(record)
-    return _EVENT.validate_python(record)
 
 
 def book_of(directory: Path) -> ConfigBook:
@@ -162,11 +188,51 @@ def replay(history: History) -> list[dict[str, Any]]:
 
 
 def regenerate(root: Path = ROOT) -> int:
+    """Rewrite every expected file with the current fold; the recorded files are only read."""
     found = histories(root)
     for history in found:
         lines = [json.dumps(row, sort_keys=True) for row in replay(history)]
-        history.expected_path.write_text("\n".join(lines) + "\n")
+        write_expected(history.expected_path, "\n".join(lines) + "\n")
     return len(found)
+
+
+def write_expected(path: Path, text: str) -> None:
+    """The one place expected files are written: anything else under `tests/golden` is an earlier release's."""
+    if not path.name.endswith(EXPECTED_SUFFIX) or is_recorded(path):
+        raise ValueError(f"{path} is not an expected file: recorded files are never rewritten")
+    path.write_text(text)
+
+
+# --- the manifest of recorded files ------------------------------------------------------------------------
+
+
+def recorded_files(root: Path = ROOT) -> list[Path]:
+    """Every recorded file under `root`, by its path relative to `root`, sorted."""
+    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file() and is_recorded(p))
+
+
+def digests(root: Path = ROOT) -> dict[str, str]:
+    """sha256 of every recorded file under `root`, by relative path."""
+    return {path.as_posix(): hashlib.sha256((root / path).read_bytes()).hexdigest() for path in recorded_files(root)}
+
+
+def read_manifest(root: Path = ROOT) -> dict[str, str]:
+    """The sealed digests (`<sha256>  <path>` a line, as `sha256sum` writes and checks them)."""
+    sealed: dict[str, str] = {}
+    for line in (root / MANIFEST).read_text().splitlines():
+        digest, _, path = line.partition("  ")
+        sealed[path] = digest
+    return sealed
+
+
+def seal(root: Path = ROOT) -> list[str]:
+    """Add the recorded files the manifest does not list yet; an entry already there is never changed."""
+    manifest = root / MANIFEST
+    sealed = read_manifest(root) if manifest.exists() else {}
+    new = {path: digest for path, digest in digests(root).items() if path not in sealed}
+    entries = {**sealed, **new}
+    manifest.write_text("".join(f"{entries[path]}  {path}\n" for path in sorted(entries)))
+    return sorted(new)
 
 
 async def record(
@@ -177,6 +243,9 @@ async def record(
     With configuration versions on the log (`<app>.configs`), the history is versioned: each conversation's
     file holds its partition's markers too. Without, `config_path` and `retry_base_ms` say what was in force.
     """
+    already = [p for p in out.glob("*") if is_recorded(p)] if out.exists() else []
+    if already:
+        raise SystemExit(f"{out} already holds a recorded history: record into a new directory (never re-record)")
     from handlers.kafka.config_store import read_book
     from handlers.kafka.topic_io import read_topic
 
@@ -186,10 +255,10 @@ async def record(
 
     def keep(raw: Any) -> None:
         try:
-            parsed = _parse(json.loads(raw.value or b""))
+            parsed: Event | ConfigApplied = decode_marker(raw.value) or decode_conversation_event(raw.value)
         except ValueError:
             return
-        row = {"offset": raw.offset, "record": parsed.model_dump(mode="json")}
+        row = {"offset": raw.offset, "record": json.loads(raw.value)}  # as the topic holds it, not re-dumped
         if isinstance(parsed, ConfigApplied):
             markers[raw.partition].append(row)
         else:
@@ -227,11 +296,15 @@ def main() -> None:
     rec.add_argument("--config", type=Path, help="only for a log without configuration versions")
     rec.add_argument("--retry-base-ms", type=int, help="only for a log without configuration versions")
     rec.add_argument("--out", type=Path, required=True)
-    sub.add_parser("regenerate", help="rewrite every expected file with the current fold")
+    sub.add_parser("regenerate", help="rewrite every expected file with the current fold (never a recorded file)")
+    sub.add_parser("seal", help=f"add newly recorded files to {MANIFEST} (never changes an entry)")
     args = parser.parse_args()
     if args.command == "record":
         count = asyncio.run(record(args.bootstrap, args.app_id, args.out, args.config, args.retry_base_ms))
-        print(f"recorded {count} conversations into {args.out}; now run: regenerate")
+        print(f"recorded {count} conversations into {args.out}; now run: seal, then regenerate")
+    elif args.command == "seal":
+        added = seal()
+        print(f"sealed {len(added)} recorded files into {ROOT / MANIFEST}")
     else:
         print(f"regenerated {regenerate()} histories")
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from projections.inputs import build_input, memo_key
+from schemas.records import MessageView
 from tests.unit.test_fold_driver import T0, incoming, make_config, outgoing
 
 
@@ -44,26 +49,60 @@ def test_memo_key_changes_with_text_model_and_routing_but_not_otherwise() -> Non
     assert memo_key(base, make_config(topics={"other": "x"}), 1) != key
 
 
-def test_memo_key_hashes_the_material_as_one_json_object() -> None:
-    """The configuration's part of the material is serialized once per configuration; the digest stays that of
-    the whole object as `json.dumps` writes it, so memos written before keep matching."""
-    import hashlib
-    import json
+# --- golden memo keys (behavior.md §12.1: memos survive upgrades) --------------------------------------------
 
-    from projections.jev import FIXED_TEXTS
 
-    config = make_config()
-    routing = config.routing
-    for text in ("hi", 'é "quoted" \\ \n ünï 😀', ""):
-        turn = build_input([incoming(1, text)], "example.org")
-        material = {
-            "text": turn.text,
-            "owners": {n: o.model_dump(by_alias=True) for n, o in routing.accounts[1].items()},
-            "topics": routing.topics,
-            "kinds": {n: k.model_dump(by_alias=True) for n, k in (config.kinds_of(1) or {}).items()},
-            "minConfidence": routing.min_confidence,
-            "model": routing.model,
-            "fixed": FIXED_TEXTS,
-        }
-        digest = hashlib.sha256(json.dumps(material, sort_keys=False, ensure_ascii=False).encode()).hexdigest()
-        assert memo_key(turn, config, 1) == memo_key(turn, config, 1) == f"{turn.key}#{digest[:32]}"
+def said(mid: int, text: str) -> MessageView:
+    """A customer message as the executor records it: `text` is already redacted (no redaction rule runs here)."""
+    return MessageView(
+        id=mid, message_type=0, private=False, sender_type="contact", created_at=T0 / 1000, conversation_id=2, text=text
+    )
+
+
+TURNS: dict[str, tuple[list[MessageView], str | None]] = {
+    "hi": ([said(1, "hi")], None),
+    "unicode, quotes, a domain": ([said(7, 'é "quoted" \\ \n ünï 😀')], "example.org"),
+    "three texts and a domain": (
+        [said(3, "Hello"), said(5, "I was charged twice"), said(9, "Refund please")],
+        "lopez-consulting.test",
+    ),
+    "empty": ([], None),
+    "empty, with a domain": ([], "example.org"),
+}
+CONFIGS: dict[str, dict[str, Any]] = {
+    "make_config()": {},
+    "another model": {"model": "jev-2"},
+    "another minConfidence": {"minConfidence": 0.8},
+    "no kinds at all": {"kinds": None},
+}
+
+
+@pytest.mark.parametrize(
+    ("turn", "config", "golden"),
+    [
+        ("hi", "make_config()", "1#3de0d987eb88077ca6af801de4a66856"),
+        ("unicode, quotes, a domain", "make_config()", "7#361e06e36a4fb1bd0d661ae2d0c082e8"),
+        ("three texts and a domain", "make_config()", "3,5,9#2db5aedac4b2da5b6b06a3b1091fe804"),
+        ("empty", "make_config()", "#5670b155434cb8a5b553f6750065af81"),
+        ("empty, with a domain", "make_config()", "#49fad315d05fb49fac2c615d016eee45"),
+        ("hi", "another model", "1#5859cb56c86d2a5920b602f1cc10a886"),
+        ("unicode, quotes, a domain", "another minConfidence", "7#345b350a91719fe8f2e19dcbddc571e5"),
+        ("three texts and a domain", "no kinds at all", "3,5,9#f32140fdd7e2573351e51039a6d2f52a"),
+    ],
+)
+def test_memo_keys_are_the_ones_earlier_releases_stored(turn: str, config: str, golden: str) -> None:
+    """Golden memo keys, computed once by the release that introduced them and pasted here as literals.
+
+    A memo written by an earlier release must keep matching after an upgrade (behavior.md §12.1; Decisions 2):
+    the state's `memos` are keyed by these strings, so the same input under the same configuration must give the
+    same key, byte for byte. If this fails, the change (the material's fields or their order, the JSON
+    serialization, the hash, the fixed Jev texts of `projections/jev.py`, the domain prefix, the id list)
+    invalidates every stored memo and every conversation is decided again: that needs a migration and a release
+    note, never a new literal. (The configurations are `make_config` of `tests/unit/test_fold_driver.py` with the
+    overrides of `CONFIGS`; if that helper changes, pin its old document here instead of changing a literal.)
+    """
+    messages, domain = TURNS[turn]
+    routing = make_config(**CONFIGS[config])
+    key = memo_key(build_input(messages, domain), routing, 1)
+    assert key == golden
+    assert memo_key(build_input(messages, domain), routing, 1) == golden  # the cached serialization too
