@@ -45,8 +45,8 @@ def test_a_configuration_applied_mid_stream_is_folded_from_its_marker_and_audits
     kafka_bootstrap: str, app_id: str, tmp_path: Path
 ) -> None:
     stack = Stack(kafka_bootstrap, app_id, tmp_path)
-    stack.start()
     try:
+        stack.start()
         before = stack.new_conversation()
         stack.customer_says(1, before, SPAM)
         stack.wait_conversation(1, before, "spam resolved", lambda c: c["status"] == "resolved")

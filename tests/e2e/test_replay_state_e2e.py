@@ -45,7 +45,6 @@ def calls(stack: Stack, conversation: int, ops: tuple[str, ...] | None = None) -
 @pytest.mark.timeout(420)
 def test_replay_state_to_a_new_app_then_cut_over(kafka_bootstrap: str, app_id: str, tmp_path: Path) -> None:
     stack = Stack(kafka_bootstrap, app_id, tmp_path)
-    stack.start()
     new_app = f"{app_id}-v2"
     new_env = {**stack.env, "ROUTER_APP_ID": new_app, "ROUTER_DATA_DIR": str(tmp_path / "state-v2")}
     new_web_port = free_port()
@@ -54,6 +53,7 @@ def test_replay_state_to_a_new_app_then_cut_over(kafka_bootstrap: str, app_id: s
         "ingress-v2", ["ingress", "--host", "127.0.0.1", "--port", str(stack.ingress_port)], new_env, tmp_path
     )
     try:
+        stack.start()
         billing, spam = stack.new_conversation(), stack.new_conversation()
         stack.customer_says(1, billing, BILLING_QUESTION)
         stack.customer_says(1, spam, SPAM)

@@ -1,7 +1,9 @@
 """End-to-end routing: sandbox -> ingress -> Kafka -> worker -> sandbox, all over real HTTP (DESIGN §3, §7).
 
 Each test acts as customers and people through the sandbox and waits (with a deadline) until Chatwoot's state
-shows what a user of the help desk would see.
+shows what a user of the help desk would see. The stack is shared, so a test that checks that something did NOT
+happen first waits on its own conversation's records (`Stack.log`, tests/support/trail.py) until the workers
+have folded everything of it and nothing is in flight; never on a process-wide counter.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from aiokafka import AIOKafkaProducer
 
 from tests.support.kafka import read_all
 from tests.support.stack import BILLING, BOT_TOKENS, INBOX_2, SALES, Stack, bot_messages
+from tests.support.trail import Seen, last_seq, sandbox_calls
 from tests.support.waiting import wait_until
 
 BILLING_QUESTION = "I was charged twice on my invoice, please refund the payment"
+HOURS_QUESTION = "What are your opening hours? When is the shop open or closed?"
 
 
 def metric(stack: Stack, name: str, **labels: str) -> float:
@@ -73,7 +77,7 @@ def test_canned_reply_is_sent_exactly_once_across_a_worker_restart(e2e: Stack) -
     conversation = e2e.new_conversation()
     # the reply's POST is slow, so the worker is stopped while it is in flight
     e2e.fault(op="create_message", mode="delay", delay_ms=2000, account_id=1, conversation_id=conversation)
-    e2e.customer_says(1, conversation, "What are your opening hours? When is the shop open or closed?")
+    e2e.customer_says(1, conversation, HOURS_QUESTION)
     wait_until("the reply POST to start", lambda: api_calls(e2e, 1, conversation, "create_message"), 60)
     e2e.worker.stop(signal.SIGTERM)
     e2e.worker.start()
@@ -82,19 +86,64 @@ def test_canned_reply_is_sent_exactly_once_across_a_worker_restart(e2e: Stack) -
     replies = bot_messages(done)
     assert len(replies) == 1
     assert "opening hours" not in replies[0]["content"]  # the canned content, not the customer's text
-    # more events for the same conversation never send it again
-    e2e.customer_says(1, conversation, "What are your opening hours again?")
-    e2e.control("POST", "/settle", {"timeout_s": 10})
-    wait_until("the follow-up to be folded", lambda: metric(e2e, "router_events_folded_total") > 0)
+    e2e.log.wait_settled(1, conversation, "the first turn to end")
+
+    # a new turn of the same kind (a person resolves it, the customer asks again, Chatwoot makes it pending for
+    # the bot) runs the reply step again (§9.7): the reply is never sent a second time
+    follow_up, before = second_turn(e2e, conversation, "What are your opening hours again?")
+    # no owner for this kind: to people (the runs the handoff's own webhooks start end with nothing to do)
+    assert "handed_off" in [o.result for o in follow_up.outcomes_since(before)], follow_up.describe()
+    replies_step = [o for _, o in follow_up.effects if o.op == "scan_reply_history"]
+    assert len(replies_step) == 2, "the second turn never reached the reply step"
     assert len(bot_messages(e2e.conversation(1, conversation))) == 1
     assert len(api_calls(e2e, 1, conversation, "create_message")) == 1
 
 
+def test_a_reply_attempt_that_failed_is_never_made_again(e2e: Stack) -> None:
+    """The reply ledger (§9.7): Chatwoot answered 500 to the reply, so the history shows no reply, yet the attempt
+    may have reached the customer; a later turn of the same kind hands off without a second attempt."""
+    conversation = e2e.new_conversation()
+    e2e.fault(op="create_message", mode="fail", status=500, times=1, account_id=1, conversation_id=conversation)
+    e2e.customer_says(1, conversation, HOURS_QUESTION)
+    first = e2e.log.wait(1, conversation, "the unconfirmed reply to hand off", lambda s: settled_with(s, "handed_off"))
+    assert handoffs(first) == ["reply_unconfirmed"]
+    assert bot_messages(e2e.conversation(1, conversation)) == []
+
+    follow_up, before = second_turn(e2e, conversation, "What are your opening hours again?")
+    assert "handed_off" in [o.result for o in follow_up.outcomes_since(before)], follow_up.describe()
+    assert [o for _, o in follow_up.effects if o.op == "scan_reply_history"][-1].error is None
+    assert len(api_calls(e2e, 1, conversation, "create_message")) == 1  # the failed attempt, and no other
+    current = e2e.conversation(1, conversation)
+    assert bot_messages(current) == [] and current["status"] == "open"
+
+
+def second_turn(e2e: Stack, conversation: int, text: str) -> tuple[Seen, int]:
+    """A person resolves the conversation and the customer writes again: Chatwoot makes it pending for the bot, a
+    new turn. Returns the conversation's log once the workers folded all of it and ended that turn, and the offset
+    of its last record before."""
+    before = e2e.log.seen(1, conversation).last_offset
+    e2e.control("POST", f"/conversations/1/{conversation}/status", {"user_id": 1, "status": "resolved"})
+    e2e.customer_says(1, conversation, text)
+    assert e2e.conversation(1, conversation)["status"] == "pending"
+    e2e.settle()  # both webhooks are on the log: settled now means folded, and the turn ended
+    return e2e.log.wait_settled(1, conversation, "the second turn to end", after=before), before
+
+
+def settled_with(seen: Seen, result: str) -> bool:
+    """Settled, and a run ended with `result` (the runs that the router's own status change starts come after it
+    and end with nothing to do)."""
+    return seen.settled and result in [o.result for o in seen.trail.outcomes]
+
+
+def handoffs(seen: Seen) -> list[str | None]:
+    """The reasons of the conversation's handoffs, in order."""
+    return [o.reason for o in seen.trail.outcomes if o.result == "handed_off"]
+
+
 def test_greeting_waits_then_routes_on_the_next_message(e2e: Stack) -> None:
-    waited = metric(e2e, "router_turn_outcomes_total", result="waited")
     conversation = e2e.new_conversation()
     e2e.customer_says(1, conversation, "Hello")
-    wait_until("the greeting to wait", lambda: metric(e2e, "router_turn_outcomes_total", result="waited") > waited)
+    e2e.log.wait(1, conversation, "the greeting to wait", lambda s: settled_with(s, "waited"))
     current = e2e.conversation(1, conversation)
     assert current["status"] == "pending" and current["assignee_id"] is None
     e2e.customer_says(1, conversation, "Can I get a sales quote and pricing plans for a discount?")
@@ -103,16 +152,15 @@ def test_greeting_waits_then_routes_on_the_next_message(e2e: Stack) -> None:
 
 
 def test_human_public_reply_hands_off(e2e: Stack) -> None:
-    handoffs = metric(e2e, "router_handoffs_total", reason="public_reply")
     conversation = e2e.new_conversation()
     e2e.control("POST", f"/conversations/1/{conversation}/reply", {"user_id": 1, "content": "Hi, Ada here."})
     e2e.customer_says(1, conversation, BILLING_QUESTION)
     done = e2e.wait_conversation(1, conversation, "handed off", lambda c: c["status"] == "open")
     assert done["assignee_id"] != BILLING
     assert bot_messages(done) == []
-    wait_until(
-        "the handoff to be counted", lambda: metric(e2e, "router_handoffs_total", reason="public_reply") > handoffs
-    )
+    seen = e2e.log.wait(1, conversation, "the handoff", lambda s: settled_with(s, "handed_off"))
+    assert handoffs(seen) == ["public_reply"]
+    assert seen.trail.decisions == []  # handed off before System One was asked
 
 
 def test_disconnected_inbox_hands_off_without_asking_system_one(e2e: Stack) -> None:
@@ -127,16 +175,15 @@ def test_disconnected_inbox_hands_off_without_asking_system_one(e2e: Stack) -> N
 
 
 def test_status_change_mid_run_stops_the_routing(e2e: Stack) -> None:
-    turns = metric(e2e, "router_turn_outcomes_total")
     conversation = e2e.new_conversation()
     e2e.fault(op="systemone", mode="delay", delay_ms=1500, times=1)
     e2e.customer_says(1, conversation, BILLING_QUESTION)
     wait_until("System One to be asked", lambda: api_calls(e2e, 1, conversation, "list_messages"), 30)
     # a person opens the conversation while the decision is in flight (its webhook lands mid-run)
     e2e.control("POST", f"/conversations/1/{conversation}/status", {"user_id": 1, "status": "open"})
-    wait_until("the run to end", lambda: metric(e2e, "router_turn_outcomes_total") > turns)
-    e2e.control("POST", "/settle", {"timeout_s": 10})
-    wait_until("the runs to settle", lambda: metric(e2e, "router_turn_outcomes_total") >= turns + 1)
+    e2e.settle()
+    seen = e2e.log.wait_settled(1, conversation, "the run to end after the person's change")
+    assert seen.trail.outcomes and seen.trail.outcomes[-1].result != "assigned"
     current = e2e.conversation(1, conversation)
     assert current["status"] == "open"
     assert current["assignee_id"] != BILLING  # people own it now: not assigned by the bot
@@ -150,22 +197,30 @@ def test_chatwoot_failing_three_times_enters_handoff_mode(e2e: Stack) -> None:
     done = e2e.wait_conversation(1, conversation, "handed off", lambda c: c["status"] == "open", deadline_s=60)
     assert done["assignee_id"] != BILLING  # handoff mode skips System One's owner
     assert bot_messages(done) == []
+    seen = e2e.log.wait(1, conversation, "the handoff", lambda s: settled_with(s, "handed_off"))
+    # three failed turn reads, each retried, and only then the handoff (§4.5: handoff mode at the third failure)
+    assert len(seen.failed("read_turn")) == 3
+    assert [o.result for o in seen.trail.outcomes if o.result != "nothing"] == ["retry", "retry", "retry", "handed_off"]
+    faulted = [c for c in api_calls(e2e, 1, conversation, "list_messages") if c.get("fault")]
+    handoff = [c for c in api_calls(e2e, 1, conversation, "toggle_status") if c["token"] == "bot"]
+    assert len(faulted) == 3 and handoff and handoff[0]["seq"] > faulted[-1]["seq"]
+    assert seen.trail.decisions == []  # System One never asked for this turn
 
 
 def test_deleted_conversation_is_dropped(e2e: Stack) -> None:
-    missing = metric(e2e, "router_effect_outcomes_total", **{"class": "missing"})
     conversation = e2e.new_conversation()
     e2e.fault(op="get_conversation", mode="delay", delay_ms=1000, times=1, account_id=1, conversation_id=conversation)
     e2e.customer_says(1, conversation, BILLING_QUESTION)
     wait_until("the first read", lambda: api_calls(e2e, 1, conversation, "get_conversation"), 30)
     e2e.control("DELETE", f"/conversations/1/{conversation}")
-    wait_until(
-        "a 'missing' outcome",
-        lambda: (
-            metric(e2e, "router_effect_outcomes_total", **{"class": "missing"}) > missing
-            or metric(e2e, "router_turn_outcomes_total", result="nothing") > 0
-        ),
-    )
+    deleted_at = last_seq(e2e)
+    seen = e2e.log.wait_settled(1, conversation, "the run to end on the deleted conversation")
+    # every run read "missing" and ended without acting (§10.3), and nothing was tried on it since
+    ended = {(o.result, o.reason) for o in seen.trail.outcomes}
+    assert ended and ended <= {("nothing", "conversation_missing"), ("dropped", "conversation_deleted")}, ended
+    assert seen.trail.decisions == []
+    mutations = ("toggle_status", "assign", "set_labels", "create_message")
+    assert [c for c in sandbox_calls(e2e, conversation, since_seq=deleted_at) if c["op"] in mutations] == []
     # the worker carries on with other conversations
     other = e2e.new_conversation()
     e2e.customer_says(1, other, BILLING_QUESTION)
@@ -182,9 +237,10 @@ def test_sweep_finds_a_lost_webhook_and_an_open_conversation_still_held_by_the_b
     for status in ("resolved", "open"):  # the bot's own status changes keep its assignment
         url = f"{e2e.sandbox_url}/api/v1/accounts/1/conversations/{held}/toggle_status"
         assert e2e.http.post(url, json={"status": status}, headers=bot).is_success
-    e2e.control("POST", "/settle", {"timeout_s": 30})
+    e2e.settle()
     assert e2e.conversation(1, held)["bot_assignee_id"] == 5
-    assert e2e.conversation(1, lost)["status"] == "pending"
+    # the webhooks were lost: neither conversation has a record on the log
+    assert e2e.log.seen(1, lost).offsets == [] and e2e.log.seen(1, held).offsets == []
     e2e.ingress.start()
     wait_until("the ingress", lambda: e2e.http.get(f"http://127.0.0.1:{e2e.ingress_port}/healthz").is_success)
 
@@ -222,7 +278,6 @@ def test_commands_consumed_again_after_their_run_ended_are_not_executed(e2e: Sta
         return sum(len(api_calls(e2e, 1, conversation, op)) for op in ops)
 
     before = mutations()
-    dropped = metric(e2e, "router_effect_commands_dropped_total", reason="stale")
     topic = f"{e2e.env['ROUTER_APP_ID']}.effects"
     commands = [r.value for r in asyncio.run(read_all(kafka_bootstrap, topic)) if r.key == key.encode()]
     assert any(b'"op":"assign"' in value for value in commands)
@@ -237,10 +292,15 @@ def test_commands_consumed_again_after_their_run_ended_are_not_executed(e2e: Sta
             await producer.stop()
 
     asyncio.run(produce_again())
+    # the customer writes again: that run's first read is executed in the conversation's lane after every command
+    # consumed before it, so once it reaches Chatwoot each replayed command has been dropped or made
+    since = last_seq(e2e)
+    e2e.customer_says(1, conversation, "Thanks, any news?")
     wait_until(
-        "every replayed command to be dropped as stale",
-        lambda: metric(e2e, "router_effect_commands_dropped_total", reason="stale") >= dropped + len(commands),
+        "the next run's read to reach Chatwoot",
+        lambda: [c for c in sandbox_calls(e2e, conversation, since_seq=since) if c["op"] == "get_conversation"],
     )
+    e2e.log.wait_settled(1, conversation, "the next run to end")
     assert mutations() == before
     assert e2e.conversation(1, conversation)["assignee_id"] == SALES
 

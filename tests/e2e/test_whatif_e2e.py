@@ -73,8 +73,8 @@ def test_whatif_re_decides_the_recorded_turns_without_touching_chatwoot(
     kafka_bootstrap: str, app_id: str, tmp_path: Path
 ) -> None:
     stack = Stack(kafka_bootstrap, app_id, tmp_path)
-    stack.start()
     try:
+        stack.start()
         conversations = {}
         for name, text in (("billing", BILLING_QUESTION), ("spam", SPAM), ("sales", SALES_QUESTION), ("hours", HOURS)):
             conversations[name] = stack.new_conversation()

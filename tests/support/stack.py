@@ -8,6 +8,7 @@ Retries back off from 200 ms so failure paths finish in seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from schemas.config import parse_config
 from streams.kafka.local import free_port
 from tests.support.env import outside_env
 from tests.support.processes import ROOT, Process
+from tests.support.trail import ConversationLog
 from tests.support.waiting import wait_until
 
 USER_TOKEN = "e2e-user-token"
@@ -114,15 +116,21 @@ class Stack:
         )
         self.worker = Process("worker", ["worker", "--web-port", str(self.web_port)], self.env, tmp)
         self.http = httpx.Client(timeout=10)
+        self.log = ConversationLog(bootstrap, app_id, parse_config(config), RETRY_BASE_MS)
 
     # --- processes ---
 
     def start(self) -> None:
-        for process in (self.sandbox, self.ingress, self.worker):
-            process.start()
-        wait_until("the sandbox", lambda: self.http.get(f"{self.sandbox_url}/_sandbox/state").status_code == 200)
-        wait_until("the ingress", lambda: self.http.get(f"http://127.0.0.1:{self.ingress_port}/healthz").is_success)
-        self.wait_worker_healthy()
+        """Start the three processes and wait until each answers; a start that fails stops what it started."""
+        try:
+            for process in (self.sandbox, self.ingress, self.worker):
+                process.start()
+            wait_until("the sandbox", lambda: self.http.get(f"{self.sandbox_url}/_sandbox/state").status_code == 200)
+            wait_until("the ingress", lambda: self.http.get(f"http://127.0.0.1:{self.ingress_port}/healthz").is_success)
+            self.wait_worker_healthy()
+        except BaseException:
+            self.stop()
+            raise
 
     def wait_worker_healthy(self, deadline_s: float = 120) -> None:
         def healthy() -> bool:
@@ -138,9 +146,13 @@ class Stack:
         return self.http.get(f"http://127.0.0.1:{self.web_port}/metrics").text
 
     def stop(self) -> None:
-        for process in (self.worker, self.ingress, self.sandbox):
-            process.stop()
-        self.http.close()
+        """Stop every process (each is stopped even when another's stop fails); safe to call twice."""
+        try:
+            for process in (self.worker, self.ingress, self.sandbox):
+                with contextlib.suppress(Exception):
+                    process.stop()
+        finally:
+            self.http.close()
 
     def run_cli(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -173,6 +185,11 @@ class Stack:
     def conversation(self, account: int, conversation: int) -> dict[str, Any]:
         result: dict[str, Any] = self.control("GET", f"/conversations/{account}/{conversation}")
         return result
+
+    def settle(self, timeout_s: float = 30) -> None:
+        """Every webhook the sandbox queued so far is delivered (answered by the door, so durable on the log):
+        says nothing about the worker; wait on the conversation's own records for that (`self.log`)."""
+        self.control("POST", "/settle", {"timeout_s": timeout_s})
 
     def fault(self, **rule: Any) -> None:
         self.control("POST", "/faults", rule)
