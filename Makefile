@@ -18,8 +18,9 @@ install: $(BIN)/chatwoot-router
 demo: install
 	$(BIN)/chatwoot-router demo
 
+# the whole suite in stages, fastest first (tests/stages.py, docs/testing.md); `$(BIN)/pytest` alone runs it all too
 test: install
-	$(BIN)/pytest -q
+	$(BIN)/python -m tests.stages
 
 lint: install
 	$(BIN)/ruff check .

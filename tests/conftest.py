@@ -43,6 +43,7 @@ def stage_of(item: pytest.Item) -> str:
     return "unit" if "unit" in names else "no broker"
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test by the directory it lives in (so `-m "not e2e"` and the like need nothing in the files),
     mark `kafka` every test that uses the session's broker, and run the stages in order: unit first."""

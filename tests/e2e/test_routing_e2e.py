@@ -207,6 +207,22 @@ def test_chatwoot_failing_three_times_enters_handoff_mode(e2e: Stack) -> None:
     assert seen.trail.decisions == []  # System One never asked for this turn
 
 
+def test_chatwoot_failing_twice_is_retried_and_still_routed(e2e: Stack) -> None:
+    """Handoff mode starts at the third failure (§4.5), not before: two failures are retried with backoff and the
+    third run routes the conversation to its owner."""
+    conversation = e2e.new_conversation()
+    e2e.fault(op="list_messages", mode="fail", status=503, times=2, account_id=1, conversation_id=conversation)
+    e2e.customer_says(1, conversation, BILLING_QUESTION)
+    done = e2e.wait_conversation(1, conversation, "assigned to billing", lambda c: c["assignee_id"] == BILLING)
+    assert done["status"] == "open"
+    seen = e2e.log.wait(1, conversation, "the assignment", lambda s: settled_with(s, "assigned"))
+    assert [(o.result, o.failures) for o in seen.trail.outcomes if o.result != "nothing"] == [
+        ("retry", 1),
+        ("retry", 2),
+        ("assigned", None),
+    ]
+
+
 def test_deleted_conversation_is_dropped(e2e: Stack) -> None:
     conversation = e2e.new_conversation()
     e2e.fault(op="get_conversation", mode="delay", delay_ms=1000, times=1, account_id=1, conversation_id=conversation)

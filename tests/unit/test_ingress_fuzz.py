@@ -26,6 +26,7 @@ from handlers.ingress.connections import ConnectionGuard, ConnectionLimits
 from handlers.ingress.door import create_app, delivery_id_of, serve
 from handlers.logging_setup import RateLimitedStreamHandler
 from projections.webhook import sign
+from tests.support.strategies import json_like
 from tests.unit.test_webhook_app import NOW_MS, NOW_S, SECRETS, SETTINGS, MemoryWriter, message
 
 TIMESTAMP = re.compile(r"[0-9]{1,12}")
@@ -113,11 +114,7 @@ def signer_of(headers: dict[str, str], body: bytes) -> int | None:
 # --- strategies ---------------------------------------------------------------------------------------------
 
 any_text = st.text(st.characters(codec=None, min_codepoint=0, max_codepoint=0x10FFFF), max_size=8)  # surrogates too
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | any_text,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(any_text, inner, max_size=3),
-    max_leaves=10,
-)
+json_values = json_like(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | any_text, any_text)
 FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "event": st.sampled_from(["message_created", "conversation_updated", "conversation_status_changed", "x"])
     | json_values,
