@@ -148,13 +148,13 @@ async def _browse(e2e: Stack, console: str, tmp_path: Path) -> None:
             played = await asyncio.to_thread(_play, e2e)
             retried, billing = played["retried"], played["billing"]
             # the log may still grow (sweeps, other tests' retries): compare with a fresh replay until they agree
-            deadline = asyncio.get_running_loop().time() + 30
+            deadline = asyncio.get_running_loop().time() + 90  # catches a page that stopped following, not a slow one
             while True:
                 want = await expected_tiles(e2e)
                 tiles = await _tiles(page)
                 if {k: tiles.get(k) for k in want} == want or asyncio.get_running_loop().time() > deadline:
                     break
-                await asyncio.sleep(1)
+                await asyncio.sleep(0.5)  # polling interval between comparisons, bounded by the deadline
             assert {k: tiles.get(k) for k in want} == want, tiles
             assert want["assigned"] >= 2 and want["ended"] >= 1
             assert await page.evaluate("window.__sameDocument") is True

@@ -75,7 +75,7 @@ def wait_for_table(worker: ProbeWorker, expected: dict[str, Any], deadline_s: fl
                     return
         except OSError:
             pass
-        time.sleep(0.2)
+        time.sleep(0.2)  # polling interval between reads of the table, bounded by the deadline
     pytest.fail(f"table never became {expected!r}; last seen {seen!r}")
 
 

@@ -24,6 +24,8 @@ from schemas.records import Transition, WebhookReceived
 from tests.support.kafka import partition_count, read_topic
 from tests.support.waiting import within
 
+CHATWOOT_TIMEOUT_S = 5.0  # a refused webhook gets its 500 within Chatwoot's timeout (behavior.md Decisions 6)
+
 SECRETS = {1: "whsec-one", 2: "whsec-two"}
 SETTINGS = Settings(
     config=parse_config(
@@ -235,7 +237,7 @@ async def test_unreachable_kafka_is_a_quick_500_and_recovery_is_a_200(kafka_boot
     port = free_port()  # nothing listens here yet: Kafka is "down"
     async with open_door(f"127.0.0.1:{port}", topic) as door:
         message = incoming()
-        async with within(DEFAULT_PRODUCE_TIMEOUT_S + 0.5, "a 500 while Kafka is unreachable"):
+        async with within(CHATWOOT_TIMEOUT_S, "a 500 while Kafka is unreachable"):
             assert await door.post(message, headers_for(message, delivery="while-down")) == (
                 500,
                 "internal error",
@@ -257,10 +259,10 @@ async def test_broker_outage_after_connecting_is_500_then_200_when_it_returns(tm
             message = incoming()
             assert await door.post(message, headers_for(message, delivery="before")) == (200, '{"ok":true}')
             await asyncio.to_thread(broker.stop)
-            async with within(DEFAULT_PRODUCE_TIMEOUT_S + 0.5, "a 500 once the broker is gone"):
+            async with within(CHATWOOT_TIMEOUT_S, "a 500 once the broker is gone"):
                 assert await door.post(message, headers_for(message, delivery="down")) == (500, "internal error")
             broker = await asyncio.to_thread(start_broker, broker.port, broker.data_dir)
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60  # catches a door that never reopens, not a slow one
             attempt = 0
             while True:  # Chatwoot retries a 500; the producer reconnects on its own
                 attempt += 1

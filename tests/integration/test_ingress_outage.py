@@ -2,9 +2,12 @@
 stopped (SIGTERM, and separately SIGKILL) and started again on the same port and data dir, several times, while
 signed webhooks arrive at a steady rate.
 
-Asserted, with deadlines and no sleeping for luck: every webhook answered 2xx is on the topic; while the broker
-is down webhooks get 500 within the produce timeout and `/healthz` answers 503; once the broker is ready again
-the door answers 200 within 10 s and `/healthz` 200; library log lines stay within the rate limit.
+Asserted, with deadlines and no sleeping for luck: every webhook answered 2xx is on the topic; every webhook is
+answered 200 or 500 within Chatwoot's 5 s webhook timeout (behavior.md Decisions 6: a 500 Chatwoot retries, never a
+timeout); while the broker is down webhooks get 500 and `/healthz` answers 503; once the broker is ready again the
+door answers 200 and `/healthz` 200 by themselves; library log lines stay within the rate limit. How fast each
+happens (the 500s, the 503, the first 200) is printed (`-s`), not asserted: the deadlines only catch a door that
+hangs or never reopens.
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ CONFIG = {
 }
 SECRET = "whsec-three"
 RATE_S = 0.05  # a webhook every 50 ms
-REOPEN_WITHIN_S = 10.0
+DOWN_DEADLINE_S = 30.0  # for the first 500 and /healthz 503 once the broker is gone (README: about a second)
+REOPEN_DEADLINE_S = 120.0  # for the first 200 and /healthz 200 once the broker is back: catches a door that stays shut
 PRODUCE_TIMEOUT_MS = 1000
-ANSWER_WITHIN_S = PRODUCE_TIMEOUT_MS / 1000 + 1.0  # the deadline of a refused webhook's 500
+CHATWOOT_TIMEOUT_S = 5.0  # every webhook is answered within Chatwoot's webhook timeout (behavior.md Decisions 6)
 CYCLES = (signal.SIGTERM, signal.SIGKILL, signal.SIGTERM, signal.SIGKILL)
 
 
@@ -47,7 +51,7 @@ class Answer:
     sent: float
     done: float
     status: int
-    late: bool  # not answered within ANSWER_WITHIN_S
+    late: bool  # not answered within CHATWOOT_TIMEOUT_S
 
 
 @dataclass
@@ -77,7 +81,7 @@ class Traffic:
         self.probes: list[Probe] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._running = True
-        self._session = ClientSession(timeout=ClientTimeout(total=5))  # Chatwoot's webhook timeout
+        self._session = ClientSession(timeout=ClientTimeout(total=CHATWOOT_TIMEOUT_S))  # as Chatwoot's client
 
     async def close(self) -> None:
         self._running = False
@@ -120,7 +124,7 @@ class Traffic:
         }
         sent = time.monotonic()
         request = asyncio.ensure_future(self._send(body, headers))
-        answered, _ = await asyncio.wait([request], timeout=ANSWER_WITHIN_S)
+        answered, _ = await asyncio.wait([request], timeout=CHATWOOT_TIMEOUT_S)
         status = await request
         self.answers.append(Answer(delivery, sent, time.monotonic(), status, late=not answered))
 
@@ -171,19 +175,26 @@ async def outage_cycle(
     stopped = time.monotonic()
     await asyncio.to_thread(stop_broker, broker, signum)
     down = time.monotonic()
-    await until(lambda: traffic.answered(500, down), 15, "a 500 while the broker is down", lambda: traffic.since(down))
-    await until(lambda: traffic.health(503, down), 15, "/healthz 503 while down", lambda: traffic.since(down))
+    await until(
+        lambda: traffic.answered(500, down),
+        DOWN_DEADLINE_S,
+        "a 500 while the broker is down",
+        lambda: traffic.since(down),
+    )
+    await until(
+        lambda: traffic.health(503, down), DOWN_DEADLINE_S, "/healthz 503 while down", lambda: traffic.since(down)
+    )
     unhealthy = min(p.at for p in traffic.health(503, down)) - down
     broker = await asyncio.to_thread(start_broker, broker.port, data_dir)
     ready = time.monotonic()
     await until(
         lambda: traffic.answered(200, ready),
-        REOPEN_WITHIN_S,
+        REOPEN_DEADLINE_S,
         "a 200 after the broker is ready",
         lambda: traffic.since(ready),
     )
     first_200 = min(a.done for a in traffic.answered(200, ready))
-    await until(lambda: traffic.health(200, ready), REOPEN_WITHIN_S, "/healthz 200 after the broker is back")
+    await until(lambda: traffic.health(200, ready), REOPEN_DEADLINE_S, "/healthz 200 after the broker is back")
     healthy = min(p.at for p in traffic.health(200, ready))
     refused = [a for a in traffic.answers if down <= a.sent < ready and a.status == 500]
     durations = sorted(a.done - a.sent for a in refused)
@@ -194,7 +205,7 @@ async def outage_cycle(
         f"{first_200 - ready:.2f} s and /healthz 200 {healthy - ready:.2f} s after the broker was ready"
     )
     late = [a.delivery for a in refused if a.late]
-    assert not late, f"{len(late)} refused webhooks answered after {ANSWER_WITHIN_S} s; {line}"
+    assert not late, f"{len(late)} refused webhooks not answered within {CHATWOOT_TIMEOUT_S:g} s; {line}"
     return broker, line
 
 

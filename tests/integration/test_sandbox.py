@@ -23,6 +23,7 @@ from sandbox import Sandbox, run_sandbox
 from sandbox.scenario import SAMPLE, from_config
 from sandbox.world import BOT_FAILURE_TEXT
 from schemas.config import parse_config
+from tests.support.waiting import within
 
 USER, BOT = "user-1", "bot-5"
 
@@ -572,16 +573,22 @@ async def test_scenario_from_the_router_configuration_serves_the_router(receiver
 async def test_activities_can_arrive_late_like_chatwoots_background_job(
     sandbox: Sandbox, api: httpx.AsyncClient
 ) -> None:
+    """The status changes at once and its activity message comes `activity_delay_ms` later. Told by order, not by a
+    window: an activity due in an hour is not there after its change, and a later change's activity, due at
+    once (10 ms), arrives before it."""
     conversation_id = _new(sandbox)
-    await api.post("/_sandbox/settings", json={"activity_delay_ms": 100})
     headers = {"api_access_token": BOT}
+    await api.post("/_sandbox/settings", json={"activity_delay_ms": 3_600_000})
     await api.post(_path(conversation_id, "/toggle_status"), json={"status": "resolved"}, headers=headers)
     assert sandbox.world.conversation(1, conversation_id).status == "resolved"
     assert _activities(sandbox, conversation_id) == []
-    async with asyncio.timeout(5):
+    await api.post("/_sandbox/settings", json={"activity_delay_ms": 10})
+    await api.post(_path(conversation_id, "/toggle_status"), json={"status": "open"}, headers=headers)
+    assert sandbox.world.conversation(1, conversation_id).status == "open"
+    async with within(10, "the reopening's activity message"):
         while not _activities(sandbox, conversation_id):
-            await asyncio.sleep(0.01)
-    assert _activities(sandbox, conversation_id) == ["Conversation was marked resolved by Acme Router"]
+            await asyncio.sleep(0.01)  # polling interval, bounded by the deadline
+    assert _activities(sandbox, conversation_id) == ["Conversation was reopened by Acme Router"]
 
 
 async def test_snoozes_expire_when_the_clock_passes_them(sandbox: Sandbox, api: httpx.AsyncClient) -> None:

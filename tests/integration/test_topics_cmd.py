@@ -20,6 +20,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from handlers.kafka.topics import log_topic_findings
 from projections.topic_settings import DLQ_RETENTION_MS, Kind, app_topics
 from tests.support.env import router_env
+from tests.support.waiting import within
 
 ROOT = Path(__file__).resolve().parents[2]
 WEEK_MS = str(7 * 86_400_000)
@@ -60,6 +61,28 @@ async def create_stock(bootstrap: str, app_id: str, **extra: dict[str, str]) -> 
         await admin.close()
 
 
+async def metadata_visible(bootstrap: str, names: list[str], deadline_s: float = 30) -> None:
+    """Until the broker's metadata lists every topic of `names` with a leader for each of its partitions, which the
+    commands under test read first (a topic just created reaches the metadata a moment after the create answers)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        async with within(deadline_s, f"the metadata of {names} with a leader for every partition"):
+            while True:
+                topics = {t["topic"]: t for t in await admin.describe_topics(names)}
+                if all(
+                    name in topics
+                    and topics[name]["error_code"] == 0
+                    and topics[name]["partitions"]
+                    and all(p["leader"] >= 0 for p in topics[name]["partitions"])
+                    for name in names
+                ):
+                    return
+                await asyncio.sleep(0.05)  # polling interval, bounded by the deadline
+    finally:
+        await admin.close()
+
+
 async def described(bootstrap: str, names: list[str]) -> dict[str, dict[str, str]]:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
@@ -83,7 +106,7 @@ async def test_topics_names_the_stock_settings_and_fix_sets_them_in_place(
         configs={"cleanup.policy": "delete"},
         dlq={"unclean.leader.election.enable": "true"},
     )
-    await asyncio.sleep(0.5)  # metadata of the new topics reaches every listener
+    await metadata_visible(kafka_bootstrap, list(app_topics(app_id)))
 
     listed = await asyncio.to_thread(cli, env, "topics")
     assert listed.returncode == 1, listed.stdout + listed.stderr
@@ -131,7 +154,7 @@ async def test_a_partition_count_is_reported_never_changed(
         await admin.create_topics([NewTopic(f"{app_id}.conversations", 2, 1), NewTopic(f"{app_id}.effects", 3, 1)])
     finally:
         await admin.close()
-    await asyncio.sleep(0.5)
+    await metadata_visible(kafka_bootstrap, [f"{app_id}.conversations", f"{app_id}.effects"])
     result = await asyncio.to_thread(cli, env, "topics", "--fix")
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"still to fix: {app_id}.effects wrong: partitions=3: co-partitioned with {app_id}.conversations" in (
@@ -145,7 +168,7 @@ async def test_the_start_check_logs_one_line_per_finding(
     kafka_bootstrap: str, app_id: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     await create_stock(kafka_bootstrap, app_id)
-    await asyncio.sleep(0.5)
+    await metadata_visible(kafka_bootstrap, list(app_topics(app_id)))
     with caplog.at_level(logging.WARNING, logger="chatwoot_router.topics"):
         findings = await log_topic_findings(kafka_bootstrap, app_id)
     lines = [r for r in caplog.records if r.name == "chatwoot_router.topics"]

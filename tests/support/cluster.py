@@ -287,6 +287,7 @@ def writable(view: PartitionView | None, down: set[int]) -> bool:
 
 REQUEST_S = 1.0  # an answered attempt took at most the produce timeout (ROUTER_PRODUCE_TIMEOUT_MS's default)
 NO_ANSWER_S = 5.0  # one without an answer took the sandbox's (Chatwoot's) client timeout
+CHATWOOT_TIMEOUT_S = NO_ANSWER_S  # Chatwoot's webhook timeout: the door answers within it (behavior.md Decisions 6)
 SETTLE_S = 2.0  # after a leader moves: the producer learns it (a metadata refresh), the followers follow it
 
 
@@ -309,6 +310,33 @@ def refused_while_writable(attempts: Iterable[Attempt], watch: MetadataWatch, fa
         ):
             wrong.append(attempt)
     return wrong
+
+
+def unanswered(attempts: Iterable[Attempt]) -> list[Attempt]:
+    """Attempts not answered 2xx or 500 within Chatwoot's 5 s timeout (the sandbox's client timeout): no answer at
+    all (0), or a status Chatwoot does not retry. What Chatwoot needs from the door (behavior.md Decisions 6)."""
+    return [a for a in attempts if a.refused and a.status != 500]
+
+
+def given_up(attempts: Iterable[Attempt], start: float = 0.0, end: float = float("inf")) -> list[str]:
+    """Deliveries with every attempt between `start` and `end` refused: the ones Chatwoot gave up on (its fallback
+    then opens the pending conversation), which a user notices; a 500 it retried and then got in is not."""
+    tries: dict[str, list[Attempt]] = {}
+    for attempt in attempts:
+        tries.setdefault(attempt.delivery_id, []).append(attempt)
+    return sorted(
+        delivery
+        for delivery, seen in tries.items()
+        if all(a.refused for a in seen) and all(start <= a.at <= end for a in seen)
+    )
+
+
+def given_up_while_writable(attempts: list[Attempt], watch: MetadataWatch, faults: Faults) -> list[str]:
+    """Deliveries Chatwoot gave up on although each of their attempts was refused while the partition was writable
+    (`refused_while_writable`): a door that closed what it did not have to, for long enough to lose a webhook."""
+    wrongly = set(refused_while_writable(attempts, watch, faults))
+    failed = set(given_up(attempts))
+    return sorted(delivery for delivery in failed if all(a in wrongly for a in attempts if a.delivery_id == delivery))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ leader with enough reachable in-sync replicas, or every write has been failing f
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +27,9 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import PartitionMetadata
 
+from handlers.ingress import door as door_module
 from handlers.ingress.door import KafkaWebhookWriter
+from tests.support.waiting import within
 
 TOPIC = "t.conversations"
 
@@ -150,8 +153,9 @@ async def test_a_write_the_producer_broke_replaces_it_and_the_next_write_is_ackn
     await writer.write("1:2", b"second")
     assert replaced == [type(error).__name__]
     assert factory.made[1].sent == [(TOPIC, b"1:2", b"second")]
-    await asyncio.sleep(0.1)  # retirement runs in the background, bounded by the grace
-    assert broken.client.closed and broken._closed and broken._sender.sender_task.cancelled()
+    async with within(10, "the broken producer closed in the background (its grace is 50 ms)"):
+        while not (broken.client.closed and broken._closed and broken._sender.sender_task.cancelled()):
+            await asyncio.sleep(0.01)  # polling interval, bounded by the deadline
     await writer.close()
 
 
@@ -272,17 +276,35 @@ async def test_writable_uses_the_topic_min_isr_when_it_can_read_it() -> None:
     await writer.close()
 
 
-async def test_writable_is_false_while_every_write_keeps_failing() -> None:
+class DoorClock:
+    """The `time` module as the door sees it, with a monotonic clock the test moves (everything else is real)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+async def test_writable_is_false_while_every_write_keeps_failing(monkeypatch: pytest.MonkeyPatch) -> None:
     """A cluster that lost its controller quorum keeps listing every broker as leader and in sync; the writes say
-    otherwise."""
+    otherwise. The time the failures span is the door's clock, moved by the test: no real wait, whatever the
+    machine's speed."""
+    clock = DoorClock()
+    monkeypatch.setattr(door_module, "time", clock)
     producer = FakeProducer(send_error=RequestTimedOutError())
-    writer, _ = writer_with(Factory(producer), probe_cache_s=0.0, shut_after_s=0.05)
+    writer, _ = writer_with(Factory(producer), probe_cache_s=0.0, shut_after_s=1.0)
     assert await writer.writable()
-    for _ in range(3):
+    for step in range(3):
         with pytest.raises(RequestTimedOutError):
             await writer.write("1:2", b"x")
-        await asyncio.sleep(0.03)
-    assert not await writer.writable()
+        clock.now += 0.4  # writes keep failing, 0.4 s apart
+        if step == 0:
+            assert await writer.writable()  # one failed write (0.4 s ago) does not shut the door
+    assert not await writer.writable()  # every write has failed for 1.2 s, the last one 0.4 s ago
     producer.send_error = None
     await writer.write("1:2", b"y")  # an acknowledged write opens the door again at once
     assert await writer.writable()

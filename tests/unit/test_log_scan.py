@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import os
 import signal
 
 from handlers.logs.progress import ReadProgress
@@ -18,6 +19,7 @@ from projections.whatif.tally import Selection, TurnTally
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.records import ConfigApplied
 from schemas.state import ConversationState
+from tests.support.waiting import within
 from tests.unit.test_fold_driver import Driver, decision, incoming
 
 
@@ -147,11 +149,19 @@ async def test_a_pool_of_processes_never_wakes_the_parents_signal_handlers() -> 
     with SIGTERM by the pool, must not reach that handler through the inherited wakeup descriptor."""
     loop = asyncio.get_running_loop()
     woke: list[int] = []
+    previous = signal.getsignal(signal.SIGTERM)
     loop.add_signal_handler(signal.SIGTERM, lambda: woke.append(1))
     try:
         task = functools.partial(_double, 0)
         assert await asyncio.to_thread(run_sharded, task, {0: 1, 1: 1, 2: 1}, 2) == {0: 0, 1: 2, 2: 4}
-        await asyncio.sleep(0.3)
-        assert woke == []
+        # The pool's processes are gone (the pool joined them), so whatever they wrote to the wakeup descriptor is
+        # in it already. A SIGTERM of our own goes in after it and is handled after it: once ours is seen, a
+        # signal from a pool process would have been seen first. Order, not a wait for a window.
+        os.kill(os.getpid(), signal.SIGTERM)
+        async with within(10, "our own SIGTERM reaching the handler"):
+            while not woke:
+                await asyncio.sleep(0.01)  # polling interval, bounded by the deadline
+        assert woke == [1]  # ours alone
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, previous)  # remove_signal_handler leaves the default, not what was there
