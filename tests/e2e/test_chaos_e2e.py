@@ -20,6 +20,7 @@ import pytest
 from bench.chaos import Options, run_chaos
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_kill_loop_loses_nothing_and_runs_nothing_stale(kafka_bootstrap: str, tmp_path: Path) -> None:
     seed = int(os.environ.get("CHAOS_SEED") or random.randrange(1_000_000))

@@ -69,7 +69,7 @@ from tests.support.processes import ROOT, Process
 from tests.support.stack import BOT_SECRETS, INBOX_1, Stack
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 PARTITIONS = 6
 NEW_PER_S = 3.0  # new conversations a second (each routed: about three webhooks)

@@ -36,7 +36,7 @@ from streams.demo_cmd import _prepare_config
 from streams.kafka.local import free_port
 from tests.e2e.conftest import Process, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "requests" / "demo.json"
 RETRY_BASE_MS = 500

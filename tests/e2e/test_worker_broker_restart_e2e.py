@@ -30,6 +30,8 @@ def routed(stack: Stack, conversation: int) -> bool:
     return found["status"] != "pending" and found.get("bot_assignee_id") is None
 
 
+@pytest.mark.kafka  # its own broker, restarted
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_worker_rides_out_broker_restarts_and_routes_again(tmp_path: Path) -> None:
     data_dir = tmp_path / "kafka"

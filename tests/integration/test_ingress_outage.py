@@ -209,6 +209,8 @@ async def outage_cycle(
     return broker, line
 
 
+@pytest.mark.kafka  # its own broker, stopped and started again
+@pytest.mark.slow
 async def test_door_reopens_by_itself_after_broker_restarts(tmp_path: Path, app_id: str) -> None:
     data_dir = tmp_path / "kafka"
     broker = await asyncio.to_thread(start_broker, None, data_dir)
