@@ -125,6 +125,12 @@ class WorkerMetrics:
             registry=r,
         )
         self._stuck: dict[str, str] = {}
+        self.commits_clamped = Counter(
+            "router_commits_clamped_total",
+            "offset commits Faust asked for past the last record the worker folded, committed no further",
+            ["topic"],
+            registry=r,
+        )
         self.consumer_lag = Gauge(
             "router_consumer_lag", "records not yet consumed, summed over owned partitions", ["topic"], registry=r
         )

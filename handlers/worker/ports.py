@@ -66,7 +66,8 @@ class Sink(Protocol):
     async def send(self, topic: str, key: str, value: bytes, headers: Headers | None = None) -> None: ...
 
     async def flush(self) -> None:
-        """Return once everything sent so far (table changelog writes included) is durable in Kafka."""
+        """Return once everything sent so far (table changelog writes included) is durable in Kafka; raise
+        `handlers.worker.barrier.BarrierBroken` when a write failed or is not acknowledged in time."""
 
 
 class Executor(Protocol):

@@ -38,14 +38,17 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
+from handlers.worker.barrier import BarrierBroken
 from handlers.worker.catch_up import CatchUp
+from handlers.worker.fail_stop import fail_stop
+from handlers.worker.fence import Fence
 from handlers.worker.lanes import Lanes
 from handlers.worker.metrics import WorkerMetrics
 from handlers.worker.partition_reader import RangeNotRead
@@ -93,6 +96,10 @@ MAX_CHAIN = 16
 """At most this many reads run back to back for one command (a run's request budget ends it sooner)."""
 
 DEFAULT_FRESH_READ_MS = 5000
+CONFIG_READ_DEADLINE_S = 60.0
+"""How long a `ConfigApplied` marker waits for its version on the configs topic before the worker stops."""
+DEFAULT_SESSION_TIMEOUT_S = 15.0
+"""The consumer group's session timeout (streams/worker/app.py): a worker silent for longer may be expelled."""
 """How old the fresh read a mutation depends on may be when the mutation is made (ROUTER_FRESH_READ_MS; healthy
 gaps are tens of milliseconds: docs/benchmarks.md)."""
 
@@ -136,6 +143,9 @@ class WorkerService:
         fresh_read_ms: int = DEFAULT_FRESH_READ_MS,
         scope: PartitionScope = any_partition,
         write_cache: bool = True,
+        fence: Fence | None = None,
+        stop: Callable[[str], NoReturn] = fail_stop,
+        source_topics: Collection[str] | None = None,
     ) -> None:
         self.tables = tables
         self.sink = sink
@@ -147,6 +157,11 @@ class WorkerService:
         self.lanes = lanes or Lanes()
         self.metrics = metrics or WorkerMetrics()
         self.now_ms = now_ms
+        # fencing (handlers/worker/fence.py): a worker that may have lost its group writes nothing more and stops
+        self.fence = fence or Fence(DEFAULT_SESSION_TIMEOUT_S)
+        self.stop = stop
+        # the topics whose offsets the service owns (None: every committed topic is one)
+        self.source_topics = frozenset(source_topics) if source_topics is not None else None
         # tells this process's commands from those of a dead or departed one
         self.instance_id = instance_id or uuid.uuid4().hex
         # the fold states, decoded once (handlers/worker/state_cache.py); with `write_cache`, the states and `timers`
@@ -233,6 +248,10 @@ class WorkerService:
             await self.to_dlq(record, str(exc))
         except asyncio.CancelledError:
             raise
+        except BarrierBroken as exc:  # weather, not poison: the record is folded again after a fresh start
+            self.stop(f"a write this record depends on was not acknowledged ({exc})")
+        except (KafkaError, OSError) as exc:
+            self.stop(f"a broker or store error while handling a record ({type(exc).__name__})")
         except Exception as exc:
             self.metrics.agent_errors.labels(agent).inc()
             log.error(
@@ -259,6 +278,31 @@ class WorkerService:
 
     # --- the commit protocol (docs/architecture.md) -------------------------------------------------------------
 
+    async def before_offsets_commit(self, offsets: Mapping[Any, int]) -> dict[Any, int]:
+        """The commit protocol at each offset commit (streams/worker/transport.py): write the cache, wait at the
+        barrier until every write so far is acknowledged, and never commit a source partition past the last
+        record this process folded (Faust acks records it skipped). Stops the worker when it is in doubt."""
+        await self.commit_cache()
+        committable: dict[Any, int] = {}
+        for tp, offset in offsets.items():
+            key = (tp[0], tp[1])
+            if self.source_topics is not None and key[0] not in self.source_topics:
+                committable[tp] = offset
+                continue
+            expected = self.offsets.expected(key)
+            if expected is None:
+                self.metrics.commits_clamped.labels(key[0]).inc()
+                continue  # nothing folded here yet: Faust's offset covers records no agent folded
+            if offset > expected:
+                self.metrics.commits_clamped.labels(key[0]).inc()
+            committable[tp] = min(offset, expected)
+        return committable
+
+    def check_fence(self, what: str) -> None:
+        """Stop before `what` when the worker may have lost its partitions (handlers/worker/fence.py)."""
+        if self.fence.in_doubt():
+            self.stop(f"{self.fence.reason()}; not making {what}")
+
     def before_commit(self) -> int:
         """Write every state and `timers` entry changed since the last commit, each once, to its partition.
 
@@ -274,9 +318,14 @@ class WorkerService:
 
     async def commit_cache(self) -> None:
         """Write the cache and wait until it is acknowledged (with everything sent before): before a reply may be
-        sent, before a configuration switch, and before partitions are given up or the process stops."""
+        sent, before a configuration switch, before offsets are committed, and before partitions are given up or
+        the process stops. A worker in doubt writes nothing; a broken barrier stops it (never a commit after)."""
+        self.check_fence("a changelog write")
         self.before_commit()
-        await self.sink.flush()
+        try:
+            await self.sink.flush()
+        except BarrierBroken as exc:
+            self.stop(f"the commit barrier broke: {exc}")
 
     def forget_states(self) -> None:
         """At a rebalance: decoded states are read again from the tables (a partition that comes back may have
@@ -304,13 +353,28 @@ class WorkerService:
     def latest_document(self) -> ConfigDocument:
         return self.book.latest or self.own_document
 
+    async def learn_version(self, version: str) -> None:
+        """Read the configs topic until it holds `version` (retried in place, a marker is never dead-lettered: the
+        partition would keep the old configuration for good); past CONFIG_READ_DEADLINE_S the worker stops, and
+        its next start reads the marker again."""
+        deadline = time.monotonic() + CONFIG_READ_DEADLINE_S
+        attempt = 0
+        while version not in self.book:
+            try:
+                for document in (await self.load_book()).documents():
+                    self.book.add(document)
+            except (KafkaError, OSError) as exc:
+                log.warning("configs topic not readable", extra={"attempt": attempt, "error_type": type(exc).__name__})
+            if version in self.book:
+                return
+            if time.monotonic() >= deadline:
+                self.stop(f"configuration version {version} is not on the configs topic")
+            attempt += 1
+            await asyncio.sleep(min(0.5 * 2**attempt, 5.0))
+
     async def switch_config(self, source: str, partition: int, marker: ConfigApplied) -> None:
         """Fold a `ConfigApplied` marker: from the next record on, the partition uses its version."""
-        if marker.version not in self.book:
-            for document in (await self.load_book()).documents():
-                self.book.add(document)
-        if marker.version not in self.book:
-            raise Undecodable(f"configuration version {marker.version} is not on the configs topic")
+        await self.learn_version(marker.version)
         # the states folded under the old version are durable before the new one is: a crash then never folds
         # a record before the marker again under the new version (the fold stays deterministic)
         await self.commit_cache()
@@ -454,6 +518,7 @@ class WorkerService:
             if not read_is_fresh(command, now, self.fresh_read_ms):
                 reason = "stale_read"
         if reason is None:
+            self.check_fence(f"the {command.op} call")  # right before it: a fenced worker makes no mutation
             # the executor reads once more right before the call and makes it only if nothing changed since
             await self.execute(command, document, unchanged_since=self.read_updated_at(command.key))
             return

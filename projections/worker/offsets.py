@@ -8,8 +8,8 @@ fold next and classifies every record it is handed:
 - `duplicate`: below the expected offset, already folded by this process (or committed by the group): skip it.
 - `gap`: above the expected offset; the records from `expected` up to it must be read and folded first.
 
-On assignment a partition starts at the group's committed offset (or the log start when nothing was committed),
-unless this process kept the partition through the rebalance and has folded further.
+On assignment a partition starts at the group's committed offset (or the log start when nothing was committed);
+a partition this process kept through the rebalance starts at the lower of that and its own next offset.
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ class OffsetTracker:
     def assign(self, owned: Iterable[TP], starts: Mapping[TP, int]) -> None:
         """A rebalance ended with `owned`; `starts` are where the group would resume each partition.
 
-        A partition kept from the previous assignment continues at whichever is further: its own next offset or
-        the group's (another member may have folded it while this one was out of the group).
+        A partition kept from the previous assignment continues at the lower of its own next offset and the
+        group's: Faust can commit past records no agent folded (it acks what it skips), so a group offset ahead of
+        this process's is no proof those records were folded; folding one again is a no-op (every state records
+        the offset it last applied), skipping one is a loss.
         """
         owned = set(owned)
         kept = {tp: n for tp, n in self._next.items() if tp in owned}
@@ -45,7 +47,7 @@ class OffsetTracker:
             mine = kept.get(tp)
             if start is None and mine is None:
                 continue
-            self._next[tp] = max(n for n in (start, mine) if n is not None)
+            self._next[tp] = min(n for n in (start, mine) if n is not None)
 
     def check(self, tp: TP, offset: int) -> Check:
         expected = self._next.get(tp)

@@ -11,6 +11,7 @@ from typing import Any
 import faust
 from faust import streams as faust_streams
 
+from handlers.worker.barrier import Barrier
 from handlers.worker.ports import Headers, SourceRecord
 
 
@@ -35,17 +36,21 @@ class FaustTable:
 
 
 class FaustSink:
-    """The app's topics behind `handlers.worker.ports.Sink`; `flush` also flushes the tables' changelog writes."""
+    """The app's topics behind `handlers.worker.ports.Sink`. `flush` is the commit barrier: it returns once every
+    record sent and every table changelog write so far is acknowledged, and raises `BarrierBroken` otherwise."""
 
-    def __init__(self, app: faust.App, topics: dict[str, Any]) -> None:
+    def __init__(self, app: faust.App, topics: dict[str, Any], barrier: Barrier) -> None:
         self.app = app
         self.topics = topics
+        self.barrier = barrier
 
     async def send(self, topic: str, key: str, value: bytes, headers: Headers | None = None) -> None:
-        await self.topics[topic].send(key=key.encode(), value=value, headers=headers)
+        # Topic.send hands the record to aiokafka and returns its future, resolved (or failed) by the broker's answer
+        future = await self.topics[topic].send(key=key.encode(), value=value, headers=headers)
+        self.barrier.add(future)
 
     async def flush(self) -> None:
-        await self.app.producer.flush()
+        await self.barrier.wait(hand_over=self.app.producer.flush)
 
 
 def source_record(event: Any) -> SourceRecord:

@@ -35,7 +35,9 @@ from faust.web import Request, Response, View
 from handlers.kafka.cluster_probe import ClusterProbe
 from handlers.kafka.config_store import read_book
 from handlers.kafka.topics import TABLES
+from handlers.worker.barrier import Barrier
 from handlers.worker.effects import EffectExecutor
+from handlers.worker.fence import Fence
 from handlers.worker.lanes import Lanes
 from handlers.worker.metrics import WorkerMetrics
 from handlers.worker.partition_reader import PartitionReader
@@ -46,7 +48,7 @@ from schemas.config import Settings
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from streams.worker.adapters import FaustPartitionScope, FaustSink, FaustTable, source_record
 from streams.worker.env import WorkerEnv
-from streams.worker.tables import TableManager
+from streams.worker.tables import Table, TableManager, track_changelog
 from streams.worker.transport import broker_urls, set_pre_commit
 
 log = logging.getLogger("chatwoot_router.worker")
@@ -59,6 +61,10 @@ SHUTDOWN_DRAIN_S = 5.0
 REVOKE_DRAIN_S = 5.0
 HEADS_RETRY_S = 1.0  # how often the heads an assignment could not look up are asked for again
 SESSION_TIMEOUT_S = 15.0
+REBALANCE_TIMEOUT_S = 60.0
+PRODUCER_REQUEST_TIMEOUT_S = 20.0
+"""aiokafka's request timeout for the producer (Faust's default is 1200 s): an unacknowledged write fails within
+it, so the commit barrier (30 s) and a revoke finish inside the rebalance timeout."""
 COMMIT_EVERY = 1000
 """... and after this many records, whichever comes first (Faust's `broker_commit_every`)."""
 WRITE_CACHE = True
@@ -92,6 +98,8 @@ class WorkerApp:
         self._heads_lookup: asyncio.Future[None] | None = None
         self.tails = TailWatch()
         self.broker_ok = True
+        self.barrier = Barrier()
+        self.fence = Fence(SESSION_TIMEOUT_S)
         self.app = faust.App(
             env.app_id,
             broker=broker_urls(env.bootstrap),  # streams/worker/transport.py: the short fetch long-poll
@@ -123,7 +131,12 @@ class WorkerApp:
             # ROUTER_WORKER_ID: static membership (KIP-345); a restart within the session keeps the assignment
             consumer_group_instance_id=env.worker_id,
             TableManager=TableManager,  # streams/worker/tables.py: no one-second wait before recovery starts
+            Table=Table,  # streams/worker/tables.py: every changelog write's future goes to the commit barrier
+            # a write aiokafka cannot deliver fails within this, under the barrier's deadline and the rebalance timeout
+            producer_request_timeout=PRODUCER_REQUEST_TIMEOUT_S,
+            broker_rebalance_timeout=REBALANCE_TIMEOUT_S,
         )
+        track_changelog(self.app, self.barrier)
         raw: dict[str, Any] = {
             "key_type": bytes,
             "value_type": bytes,
@@ -138,7 +151,7 @@ class WorkerApp:
         states, sweep_states, timers, effect_attempts, partition_configs = (FaustTable(tables[n]) for n in TABLES)
         self.service = WorkerService(
             tables=WorkerTables(states, sweep_states, timers, effect_attempts, partition_configs),
-            sink=FaustSink(self.app, self.topics),
+            sink=FaustSink(self.app, self.topics, self.barrier),
             executor=executor if executor is not None else EffectExecutor(settings),
             book=book if book is not None else ConfigBook([own]),
             own_document=own,
@@ -151,8 +164,10 @@ class WorkerApp:
             write_cache=write_cache,
             # the write cache writes at commit time, outside any event: it names each key's partition
             scope=FaustPartitionScope(self.topics["conversations"].get_topic_name()),
+            fence=self.fence,
+            source_topics=self._source_topics(),
         )
-        set_pre_commit(self.app, self.service.before_commit)  # streams/worker/transport.py
+        set_pre_commit(self.app, self.service.before_offsets_commit)  # streams/worker/transport.py
         self._wire()
 
     @property
@@ -243,6 +258,8 @@ class WorkerApp:
             log.warning("partition heads unknown after assignment", extra={"error_type": type(exc).__name__})
             heads = {}
         self.service.offsets.assign(owned, starts)
+        if owned:
+            self.fence.arm()
         self.service.catch_up.assign(
             frozenset(partition for _, partition in conversations),
             {tp[1]: offset for tp, offset in heads.items()},
@@ -273,7 +290,11 @@ class WorkerApp:
     # --- the timer tick and the leader's sweeps ----------------------------------------------------------
 
     async def tick(self) -> None:
-        """Every second: emit what is due in the owned partitions and fetch again a tail the consumer missed."""
+        """Every second: note that the worker runs (fencing), emit what is due in the owned partitions and fetch
+        again a tail the consumer missed."""
+        self.fence.beat()
+        if self.fence.in_doubt() and self.owned_partitions():
+            self.service.stop(f"{self.fence.reason()}; not writing its cache")
         if not self.ready():
             return
         try:

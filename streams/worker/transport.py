@@ -7,9 +7,9 @@ partition can wait for a long-poll on the *other* partitions to time out: each h
 short long-poll bounds that wait; the cost is more (empty) fetch requests while idle.
 
 The consumer also runs the worker's pre-commit hook (`set_pre_commit`) in `_commit_offsets`, before Faust
-flushes the producer and commits the offsets: the write cache's changed keys are written there, so their
-changelog records are acknowledged by that flush and no offset is committed before the states of the records
-below it are durable (docs/architecture.md "The commit protocol").
+commits the offsets: the write cache's changed keys are written there and the hook waits at the commit barrier
+until every write is acknowledged, so no offset is committed before the states of the records below it are
+durable, and it clamps the offsets to what the worker folded (docs/architecture.md "The commit protocol").
 
 Faust picks a transport by the broker URL's scheme from its `faust.transports` entry points; this package
 registers `router-kafka` (pyproject.toml), and the worker's broker URLs use it. Nothing in Faust is patched.
@@ -18,7 +18,7 @@ registers `router-kafka` (pyproject.toml), and the worker's broker URLs use it. 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar
 
 import aiokafka
@@ -42,13 +42,14 @@ class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return consumer
 
 
-PreCommit = Callable[[], object]
+PreCommit = Callable[[Mapping[TP, int]], Awaitable[Mapping[TP, int]]]
 
 _pre_commit: weakref.WeakKeyDictionary[Any, PreCommit] = weakref.WeakKeyDictionary()
 
 
 def set_pre_commit(app: Any, hook: PreCommit) -> None:
-    """Run `hook` (synchronous) at every offset commit of `app`'s consumer, before the producer is flushed."""
+    """Run `hook` at every offset commit of `app`'s consumer, before Faust commits: it gets the offsets Faust would
+    commit and returns those that may be (the worker's commit protocol: docs/architecture.md)."""
     _pre_commit[app] = hook
 
 
@@ -57,13 +58,16 @@ class Consumer(faust_aiokafka.Consumer):
         return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def _commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
-        """Write the worker's cache first; Faust then flushes the producer (acks) and commits `offsets`.
+        """The worker's hook first (write the cache, wait at the barrier, clamp the offsets to what was folded);
+        Faust then commits what the hook allows.
 
         `offsets` were taken from the acknowledged records before this runs, so everything the hook writes
         covers at least the records below them."""
         hook = _pre_commit.get(self.app)
         if hook is not None:
-            hook()
+            offsets = await hook(offsets)
+            if not offsets:
+                return False
         return await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
 
 

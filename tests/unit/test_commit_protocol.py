@@ -214,13 +214,13 @@ async def test_a_crash_right_after_an_offset_commit_finds_every_record_below_it_
     consumer = transport.Consumer.__new__(transport.Consumer)  # nothing of it is started
     app = type("App", (), {})()
     object.__setattr__(consumer, "app", app)
-    transport.set_pre_commit(app, dead.before_commit)
+    transport.set_pre_commit(app, dead.before_offsets_commit)
 
     webhook(bus)
     await fold_uncommitted(dead, bus, stop_before="set_labels")
     cached = dead.states.get(KEY)
     assert cached is not None and cached.run is not None and cached.run.pending is not None
-    assert await consumer._commit_offsets({TP("router.conversations", 0): bus.delivered["conversations"]})
+    assert await consumer._commit_offsets({TP("conversations", 0): bus.delivered["conversations"]})
     assert committed[-1]["conversations"] == len(bus.records("conversations"))  # nothing left to redeliver
 
     restarted = new_service(tables, chatwoot)  # the dead process's cache is gone

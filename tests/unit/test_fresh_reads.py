@@ -36,7 +36,7 @@ from schemas.records import (
 from schemas.state import ConversationState, Run, TurnGuard
 from tests.golden.histories import book_of, histories, settings_of
 from tests.unit.test_fold_driver import ACCOUNT, CONV, T0, FakeChatwoot, decision, incoming, make_config
-from tests.unit.test_worker_service import KEY, Bus, deliver, new_tables, run_until_quiet, state, webhook
+from tests.unit.test_worker_service import KEY, Bus, deliver, new_tables, run_until_quiet, state, stopped, webhook
 
 BOUND = DEFAULT_FRESH_READ_MS
 
@@ -109,6 +109,7 @@ def clocked_service(tables: WorkerTables, chatwoot: FakeChatwoot, clock: Clock) 
         lanes=Lanes(hold_s=3600.0),
         now_ms=clock,
         fresh_read_ms=BOUND,
+        stop=stopped,
     )
 
 

@@ -14,22 +14,30 @@ from streams.worker import transport
 from streams.worker.adapters import FaustPartitionScope
 
 
-async def test_the_cache_is_written_before_faust_flushes_the_producer_and_commits(
+async def test_faust_commits_only_what_the_hook_allows_after_the_hook_returns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    calls: list[str] = []
+    """The transport's order: the worker's hook (cache, barrier, clamp) runs to its end before Faust's commit, which
+    gets the hook's offsets, not its own; with nothing allowed, Faust commits nothing."""
+    calls: list[object] = []
 
     async def faust_commit(self: Any, offsets: Any, start_new_transaction: bool = True) -> bool:
-        calls.append("flush and commit")  # Faust's own: producer.flush(), then the offset commit
+        calls.append(dict(offsets))  # Faust's own: producer.flush(), then the offset commit
         return True
+
+    async def hook(offsets: Any) -> Any:
+        calls.append("hook")
+        return {tp: offset - 2 for tp, offset in offsets.items() if tp.partition == 0}
 
     monkeypatch.setattr(faust_aiokafka.Consumer, "_commit_offsets", faust_commit)
     consumer = transport.Consumer.__new__(transport.Consumer)  # nothing of it is started
     app = type("App", (), {})()
     object.__setattr__(consumer, "app", app)
-    transport.set_pre_commit(app, lambda: calls.append("write cache"))
-    assert await consumer._commit_offsets({TP("t", 0): 5}) is True
-    assert calls == ["write cache", "flush and commit"]
+    transport.set_pre_commit(app, hook)
+    assert await consumer._commit_offsets({TP("t", 0): 5, TP("t", 1): 7}) is True
+    assert calls == ["hook", {TP("t", 0): 3}]
+    assert await consumer._commit_offsets({TP("t", 1): 9}) is False
+    assert calls[-1] == "hook"
 
 
 def test_a_write_in_a_partition_scope_sees_an_event_of_that_partition() -> None:

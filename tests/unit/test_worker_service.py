@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import pytest
 
@@ -114,7 +115,17 @@ def new_service(
         now_ms=lambda: T0,
         max_chain=max_chain,
         write_cache=write_cache,
+        stop=stopped,
     )
+
+
+class WorkerStopped(BaseException):
+    """The service stopped the worker (fail-stop: a broken barrier, a fenced worker): in production the process
+    is replaced by a fresh start; here the test sees this. A BaseException, so nothing on the way catches it."""
+
+
+def stopped(reason: str) -> NoReturn:
+    raise WorkerStopped(reason)
 
 
 async def deliver(service: WorkerService, bus: Bus, record: SourceRecord, *, commit: bool = True) -> None:

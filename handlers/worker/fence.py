@@ -1,0 +1,55 @@
+"""Fencing a worker that may have lost its group (issue 34, docs/architecture.md "Fencing").
+
+Under at-least-once nothing in Kafka stops a member the group expelled from writing: a worker paused longer than
+its session (a GC pause, a frozen VM, SIGSTOP) wakes up still holding its write cache and its queued effects,
+while another member already owns its partitions. Kafka transactions would fence its producer; this worker
+fences itself instead (the argument is in docs/architecture.md): it notes when it last knew it was alive and in
+its group (`beat`: every timer tick and every record), and before each changelog write and each mutation asks
+`in_doubt()`: when more than the session timeout has passed since, it may have been expelled, so it stops without
+writing (`handlers/worker/fail_stop.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+class Fence:
+    """How long this worker went without running; in doubt, for good, once a gap exceeded the session timeout.
+
+    The doubt is latched: after a pause, whichever runs first — a beat or a check before a write — must not erase
+    the evidence for the other. It is armed once the worker owns partitions (a slow start is no reason to stop).
+    """
+
+    def __init__(self, session_timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.session_timeout_s = session_timeout_s
+        self.clock = clock
+        self.armed = False
+        self._last = clock()
+        self._gap: float | None = None
+
+    def arm(self) -> None:
+        """The worker owns partitions from now on: a gap longer than the session counts."""
+        self.armed = True
+        self._last = self.clock()
+
+    def beat(self) -> None:
+        """The worker is running now (a tick, a record)."""
+        now = self.clock()
+        if self.armed and self._gap is None and now - self._last > self.session_timeout_s:
+            self._gap = now - self._last
+        self._last = now
+
+    def in_doubt(self) -> bool:
+        """Whether the worker went without running for longer than its session: the group may have expelled it."""
+        if self.armed and self._gap is None and self.clock() - self._last > self.session_timeout_s:
+            self._gap = self.clock() - self._last
+        return self._gap is not None
+
+    def reason(self) -> str:
+        gap = self._gap if self._gap is not None else self.clock() - self._last
+        return (
+            f"the worker did not run for {gap:.1f} s, longer than its {self.session_timeout_s:g} s session: its "
+            "partitions may belong to another worker now"
+        )
