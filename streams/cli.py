@@ -54,9 +54,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = next((a for a in given if not a.startswith("-")), None)
     args = build_parser(chosen if chosen in SUBCOMMANDS else None).parse_args(given)
     module = importlib.import_module(args._module)
-    from handlers.kafka.rebootstrap import install
+    from handlers.kafka.rebootstrap import InternalsChanged, install
 
-    install()  # every Kafka client of the command goes back to the bootstrap servers when no known broker answers
+    try:
+        install()  # every Kafka client of the command goes back to the bootstrap servers when no known broker answers
+    except InternalsChanged as exc:  # refuse to run on an aiokafka the patch was not written for: one line
+        print(f"chatwoot-router: {exc}", file=sys.stderr, flush=True)
+        return EXIT_INVALID_CONFIG
     try:
         code: int = module.run(args)
     except ConfigError as exc:  # any command: an invalid configuration or environment is one line and exit 2

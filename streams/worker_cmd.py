@@ -147,6 +147,7 @@ def wait_for_kafka(settings: Settings, env: WorkerEnv) -> tuple[int, ConfigBook]
 
 def run(args: argparse.Namespace) -> int:
     from streams.worker.faust_worker import RouterWorker  # Faust is imported only by the command that runs it
+    from streams.worker.internals import InternalsChanged
 
     settings = load_or_exit(args.config)
     env = env_or_exit()
@@ -158,9 +159,13 @@ def run(args: argparse.Namespace) -> int:
     asyncio.run(log_topic_findings(env.bootstrap, env.app_id, env.log_retention_ms))  # one line per finding
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    worker_app = build_worker(
-        settings, env, web_host=args.web_host, web_port=args.web_port, replication_factor=replication, book=book
-    )
+    try:
+        worker_app = build_worker(
+            settings, env, web_host=args.web_host, web_port=args.web_port, replication_factor=replication, book=book
+        )
+    except InternalsChanged as exc:  # streams/worker/internals.py: one line, never a worker on unknown internals
+        print(f"chatwoot-router worker: {exc}", file=sys.stderr, flush=True)
+        return EXIT_INVALID_CONFIG
     worker = RouterWorker(
         worker_app.app,
         loop=loop,

@@ -13,6 +13,7 @@ metadata update fails from every known broker, it is asked of each bootstrap ser
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -28,11 +29,56 @@ MetadataUpdate = Callable[[AIOKafkaClient, Any, Iterable[str]], Awaitable[bool]]
 _original: MetadataUpdate | None = None
 
 
+SUPPORTED_AIOKAFKA = ("0.14.",)
+"""The aiokafka releases whose private parts below were read and tested (pyproject.toml pins one of them)."""
+CLIENT_ATTRIBUTES = (
+    "hosts",
+    "_client_id",
+    "_request_timeout_ms",
+    "_ssl_context",
+    "_security_protocol",
+    "_connections_max_idle_ms",
+    "_sasl_mechanism",
+    "_sasl_plain_username",
+    "_sasl_plain_password",
+    "_sasl_kerberos_service_name",
+    "_sasl_kerberos_domain_name",
+    "_sasl_oauth_token_provider",
+)
+CONN_PARAMETERS = ("client_id", "request_timeout_ms", "ssl_context", "security_protocol", "max_idle_ms")
+
+
+class InternalsChanged(RuntimeError):
+    """The installed aiokafka is not the one this patch was written against: one line says what differs."""
+
+
+def verify() -> None:
+    """Check that the installed aiokafka has what the patch reads and replaces (its version, the method and its
+    parameters, the client's private attributes, `create_conn`'s parameters); raise `InternalsChanged` otherwise."""
+    import aiokafka
+
+    version = getattr(aiokafka, "__version__", "?")
+    if not version.startswith(SUPPORTED_AIOKAFKA):
+        raise InternalsChanged(f"aiokafka {version} is installed; the rebootstrap patch supports {SUPPORTED_AIOKAFKA}")
+    method = _original or getattr(AIOKafkaClient, "_metadata_update", None)  # aiokafka's own, patched or not
+    if method is None or list(inspect.signature(method).parameters)[1:] != ["cluster_metadata", "topics"]:
+        raise InternalsChanged("aiokafka's AIOKafkaClient._metadata_update is not (self, cluster_metadata, topics)")
+    missing = [p for p in CONN_PARAMETERS if p not in inspect.signature(create_conn).parameters]
+    if missing:
+        raise InternalsChanged(f"aiokafka's create_conn takes no {', '.join(missing)}")
+    source = inspect.getsource(AIOKafkaClient)  # a client needs a running loop to exist: read what it sets
+    missing = [n for n in CLIENT_ATTRIBUTES if not hasattr(AIOKafkaClient, n) and f"self.{n} =" not in source]
+    if missing:
+        raise InternalsChanged(f"aiokafka's AIOKafkaClient has no {', '.join(missing)}")
+
+
 def install() -> None:
-    """Patch `AIOKafkaClient._metadata_update` once per process (idempotent)."""
+    """Check the installed aiokafka (`verify`), then patch `AIOKafkaClient._metadata_update` once per process
+    (idempotent)."""
     global _original
     if _original is not None:
         return
+    verify()
     _original = AIOKafkaClient._metadata_update
     AIOKafkaClient._metadata_update = _metadata_update_or_rebootstrap
 
@@ -45,7 +91,11 @@ async def _metadata_update_or_rebootstrap(client: AIOKafkaClient, cluster_metada
     assert _original is not None
     if await _original(client, cluster_metadata, topics):
         return True
-    return await rebootstrap(client, cluster_metadata, topics)
+    try:
+        return await rebootstrap(client, cluster_metadata, topics)
+    except Exception as exc:  # this runs inside aiokafka's metadata task: an escape would end that task for good
+        log.warning("rebootstrap failed", extra={"error_type": type(exc).__name__})
+        return False
 
 
 async def rebootstrap(client: AIOKafkaClient, cluster_metadata: Any, topics: Iterable[str]) -> bool:

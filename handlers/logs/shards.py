@@ -26,6 +26,7 @@ from handlers.logs.reader import Progress
 T = TypeVar("T")
 Task = Callable[[int, Progress], Coroutine[Any, Any, T]]
 
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _progress_queue: Any = None  # the child's end of the progress queue (set by the pool's initializer)
 FLUSH_EVERY = 5000  # records between two progress messages from a child
 SMALL_READ = 20_000  # records: below this a pool of processes costs more than it saves
@@ -57,7 +58,14 @@ def run_sharded(
         return {p: asyncio.run(task(p, progress or _ignore)) for p in order}
     context = multiprocessing.get_context("fork")
     messages = context.Queue()
-    with context.Pool(min(jobs, len(order)), initializer=_init_child, initargs=(messages,)) as pool:
+    # the children are forked with SIGTERM and SIGINT blocked and unblock them once their handlers are reset
+    # (`_init_child`): a child ended before its initializer ran must not run the parent's handler (console stop)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        pool = context.Pool(min(jobs, len(order)), initializer=_init_child, initargs=(messages,))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    with pool:
         stop = threading.Event()
         drain = threading.Thread(target=_drain, args=(messages, progress, stop), daemon=True)
         drain.start()
@@ -112,6 +120,7 @@ def _init_child(messages: Any) -> None:
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by the parent while it forked this process
 
 
 def _drain(messages: Any, progress: Progress | None, stop: threading.Event) -> None:

@@ -139,6 +139,18 @@ class Lanes:
         """Wait until everything queued so far (and anything queued meanwhile) has run."""
         await self._idle.wait()
 
+    async def cancel(self, which: Callable[[str], bool]) -> int:
+        """Cancel the lanes `which` selects (queued and running work): their partitions moved to another worker,
+        which re-issues what it still awaits (a mutation whose attempt was recorded is never made twice). Returns
+        how many items were dropped."""
+        chosen = [(lane, entry) for lane, entry in self._lanes.items() if which(lane) and entry.task is not None]
+        dropped = sum(len(entry.items) for _, entry in chosen)
+        for _, entry in chosen:
+            assert entry.task is not None
+            entry.task.cancel()
+        await asyncio.gather(*(entry.task for _, entry in chosen if entry.task is not None), return_exceptions=True)
+        return dropped
+
     async def close(self) -> None:
         """Refuse new work, cancel what is queued or running, and wait for the lanes to stop.
 

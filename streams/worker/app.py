@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -46,8 +47,10 @@ from handlers.worker.service import WorkerService, WorkerTables, wall_clock_ms
 from projections.worker.offsets import TailWatch
 from schemas.config import Settings
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
+from schemas.keys import partition_for
 from streams.worker.adapters import FaustPartitionScope, FaustSink, FaustTable, source_record
 from streams.worker.env import WorkerEnv
+from streams.worker.internals import InternalsChanged, check_internals, check_scoped_write
 from streams.worker.tables import Table, TableManager, track_changelog
 from streams.worker.transport import broker_urls, set_pre_commit
 
@@ -59,6 +62,9 @@ BROKER_RETRY_PROBE_S = 0.5  # ... and while it does not: /healthz turns 200 with
 BROKER_PROBE_TIMEOUT_S = 1.6
 SHUTDOWN_DRAIN_S = 5.0
 REVOKE_DRAIN_S = 5.0
+EXIT_INTERNALS = 2  # a worker whose Faust does not behave as it relies on exits, like one with a bad configuration
+REVOKE_DEADLINE_S = 45.0
+"""A revoke (write the cache, drain, cancel) must end well inside the 60 s rebalance timeout, else the worker stops."""
 HEADS_RETRY_S = 1.0  # how often the heads an assignment could not look up are asked for again
 SESSION_TIMEOUT_S = 15.0
 REBALANCE_TIMEOUT_S = 60.0
@@ -91,6 +97,7 @@ class WorkerApp:
         now_ms: Callable[[], int] = wall_clock_ms,
         write_cache: bool = WRITE_CACHE,
     ) -> None:
+        check_internals()  # streams/worker/internals.py: refuse a Faust or aiokafka the worker was not written for
         self.env = env
         own = ConfigDocument.of(settings.config, FoldSettings(retry_base_ms=env.retry_base_ms))
         self.reader = PartitionReader(env.bootstrap, env.app_id)
@@ -148,6 +155,8 @@ class WorkerApp:
         }
         schema: Any = faust.Schema(key_serializer="raw", value_serializer="json")
         tables = {name: self.app.Table(name, partitions=env.partitions, schema=schema) for name in TABLES}
+        self._state_table = tables[TABLES[0]]
+        self._scope_checked = False
         states, sweep_states, timers, effect_attempts, partition_configs = (FaustTable(tables[n]) for n in TABLES)
         self.service = WorkerService(
             tables=WorkerTables(states, sweep_states, timers, effect_attempts, partition_configs),
@@ -232,14 +241,29 @@ class WorkerApp:
 
     async def _on_revoked(self, sender: Any, revoked: Any, **kwargs: Any) -> None:
         """Before partitions move, let running effects finish and their outcomes reach Kafka (bounded): the new
-        owner folds them before it resumes anything; what runs longer may still be re-issued there. The write
-        cache is written and acknowledged first: the new owner recovers those states from the changelog."""
+        owner folds them before it resumes anything. What still runs then for a revoked partition is cancelled
+        (the new owner re-issues what it awaits; a recorded attempt is never made twice), so no effect of this
+        worker races the new owner. The write cache is written and acknowledged first: the new owner recovers
+        those states from the changelog. A revoke that outlives the rebalance timeout (the group has expelled
+        this member by then) stops the worker."""
+        try:
+            async with asyncio.timeout(REVOKE_DEADLINE_S):
+                await self._revoke(revoked)
+        except TimeoutError:
+            self.service.stop(f"giving partitions up took longer than {REVOKE_DEADLINE_S:g} s")
+
+    async def _revoke(self, revoked: Any) -> None:
         await self.service.commit_cache()
         self.service.forget_states()
         self.service.catch_up.revoke()
         if self.service.lanes.pending:
             await self.service.drain_effects(REVOKE_DRAIN_S, "while partitions move")
-            await self.app.producer.flush()
+            gone = {tp.partition for tp in revoked if tp.topic in self._source_topics()}
+            partitions = self.env.partitions
+            dropped = await self.service.lanes.cancel(lambda lane: partition_for(lane, partitions) in gone)
+            if dropped:
+                log.warning("effects of revoked partitions cancelled", extra={"dropped": dropped})
+            await self.service.sink.flush()
 
     async def _on_assigned(self, sender: Any, assigned: Any, **kwargs: Any) -> None:
         """A rebalance ended: learn where each owned source partition resumes (committed offset or log start)."""
@@ -260,6 +284,8 @@ class WorkerApp:
         self.service.offsets.assign(owned, starts)
         if owned:
             self.fence.arm()
+        if conversations and not self._scope_checked:
+            self._check_scope({p for _, p in conversations})
         self.service.catch_up.assign(
             frozenset(partition for _, partition in conversations),
             {tp[1]: offset for tp, offset in heads.items()},
@@ -269,6 +295,16 @@ class WorkerApp:
             self._heads_lookup.cancel()
         if self.service.catch_up.unknown():
             self._heads_lookup = asyncio.ensure_future(self._look_up_heads_again(conversations))
+
+    def _check_scope(self, partitions: set[int]) -> None:
+        """Once, on the first partitions owned: a write in the write cache's partition scope lands there."""
+        try:
+            check_scoped_write(self._state_table, self.service.scope, frozenset(partitions))
+        except InternalsChanged as exc:
+            log.critical(f"{exc}: the write cache cannot be trusted; stopping")
+            logging.shutdown()
+            os._exit(EXIT_INTERNALS)
+        self._scope_checked = True
 
     async def _look_up_heads_again(self, conversations: list[tuple[str, int]]) -> None:
         """Until the heads an assignment could not look up are known (or the partitions move): until then those

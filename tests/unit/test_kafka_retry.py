@@ -91,3 +91,35 @@ def test_the_incremental_alter_configs_request_encodes_set_operations() -> None:
     assert isinstance(struct, IncrementalAlterConfigsRequest_v0)
     encoded = struct.encode()
     assert b"a.conversations" in encoded and b"retention.ms" in encoded
+
+
+def test_the_rebootstrap_patch_accepts_the_installed_aiokafka_and_names_what_it_would_miss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At start every command checks the aiokafka internals the patch relies on (issue 34): the installed one
+    passes; one that lacks a private attribute or has another version is refused with a line that names it."""
+    from handlers.kafka import rebootstrap
+
+    rebootstrap.verify()
+    monkeypatch.setattr(rebootstrap, "CLIENT_ATTRIBUTES", (*rebootstrap.CLIENT_ATTRIBUTES, "_gone_in_a_new_release"))
+    with pytest.raises(rebootstrap.InternalsChanged, match="_gone_in_a_new_release"):
+        rebootstrap.verify()
+    monkeypatch.setattr(rebootstrap, "SUPPORTED_AIOKAFKA", ("9.9.",))
+    with pytest.raises(rebootstrap.InternalsChanged, match=r"aiokafka 0\.14\.\d+ is installed"):
+        rebootstrap.verify()
+
+
+async def test_an_unexpected_error_in_the_rebootstrap_never_escapes_into_aiokafkas_metadata_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from handlers.kafka import rebootstrap
+
+    async def fails(*args: object) -> bool:
+        return False
+
+    async def breaks(*args: object) -> bool:
+        raise AttributeError("_sasl_oauth_token_provider")
+
+    monkeypatch.setattr(rebootstrap, "_original", fails)
+    monkeypatch.setattr(rebootstrap, "rebootstrap", breaks)
+    assert await rebootstrap._metadata_update_or_rebootstrap(object(), object(), []) is False  # type: ignore[arg-type]

@@ -321,3 +321,27 @@ async def test_a_lane_that_waited_too_long_makes_holders_yield() -> None:
     await until(lambda: waited == ["1:2"])
     assert holder_steps >= 1
     await lanes.close()
+
+
+async def test_cancelling_the_lanes_of_moved_partitions_drops_their_work_and_keeps_the_others() -> None:
+    """At a revoke, what still runs for a partition another worker now owns is cancelled (issue 34): it must not
+    race the new owner; the other lanes go on."""
+    lanes = Lanes(hold_s=0)
+    release = asyncio.Event()
+    ran: list[str] = []
+
+    def item(name: str) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            await release.wait()
+            ran.append(name)
+
+        return run
+
+    for name in ("moved-1", "moved-2", "kept-1"):
+        await lanes.submit(name.split("-")[0], 1, item(name))
+    await until(lambda: lanes.in_flight == 2)
+    assert await lanes.cancel(lambda lane: lane == "moved") == 2
+    assert lanes.pending == 1 and lanes.lane_count == 1
+    release.set()
+    await lanes.drain()
+    assert ran == ["kept-1"]

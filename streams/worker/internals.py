@@ -1,0 +1,63 @@
+"""What the worker relies on in faust-streaming and aiokafka beyond their documented API, checked at start
+(issue 34): a worker on a release that changed one of them refuses to start with one line saying which.
+
+- the releases read: faust-streaming 0.15, aiokafka 0.14 (pyproject.toml pins them);
+- a table write takes its partition from `faust.streams.current_event()` (`Table.partition_for_key`), which the
+  write cache sets through the private ContextVar `faust.streams._current_event` (`FaustPartitionScope`);
+- every table write goes through `Table.send_changelog(partition, key, value, ...)`, whose future the commit
+  barrier awaits (`streams/worker/tables.py`);
+- the consumer's `_commit_offsets(offsets, start_new_transaction)` is where the commit protocol runs, and the
+  consumer thread's `_create_worker_consumer` where the fetch long-poll is set (`streams/worker/transport.py`).
+
+`check_scoped_write` is the behaviour test behind the second point, on the worker's own table once it owns
+partitions: a key written inside `scope(p)` goes to partition p.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import aiokafka
+import faust
+from faust import streams as faust_streams
+from faust.tables.base import Collection
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+SUPPORTED = {"faust-streaming": ("0.15.",), "aiokafka": ("0.14.",)}
+
+
+class InternalsChanged(RuntimeError):
+    """An internal the worker relies on is not as it was read: the line names it."""
+
+
+def _parameters(function: Any) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+def check_internals() -> None:
+    """Raise `InternalsChanged` naming the first internal that differs from what the worker was written against."""
+    versions = {"faust-streaming": faust.__version__, "aiokafka": aiokafka.__version__}
+    for name, version in versions.items():
+        if not version.startswith(SUPPORTED[name]):
+            raise InternalsChanged(f"{name} {version} is installed; the worker supports {SUPPORTED[name]}")
+    if not hasattr(faust_streams, "_current_event"):
+        raise InternalsChanged("faust.streams has no _current_event (the write cache's partition scope)")
+    if "current_event()" not in inspect.getsource(Collection.partition_for_key):
+        raise InternalsChanged("faust's Table.partition_for_key no longer reads current_event()")
+    if _parameters(Collection.send_changelog)[:4] != ["self", "partition", "key", "value"]:
+        raise InternalsChanged("faust's Table.send_changelog is not (partition, key, value, ...)")
+    if _parameters(faust_aiokafka.Consumer._commit_offsets) != ["self", "offsets", "start_new_transaction"]:
+        raise InternalsChanged("faust's Consumer._commit_offsets is not (offsets, start_new_transaction)")
+    if not hasattr(faust_aiokafka.AIOKafkaConsumerThread, "_create_worker_consumer"):
+        raise InternalsChanged("faust's AIOKafkaConsumerThread has no _create_worker_consumer")
+
+
+def check_scoped_write(table: Any, scope: Any, partitions: frozenset[int]) -> None:
+    """A key written inside `scope(p)` goes to partition p of `table`, for each owned p (the table's own
+    `partition_for_key`, which both the RocksDB put and the changelog record use)."""
+    for partition in sorted(partitions):
+        with scope(partition):
+            landed = table.partition_for_key("router-self-test")
+        if landed != partition:
+            raise InternalsChanged(f"a table write scoped to partition {partition} went to partition {landed}")
