@@ -1,7 +1,7 @@
 """The kill-loop test (issue 15): the whole router under SIGKILLs, Chatwoot faults, people and broker restarts.
 
     .venv/bin/python -m bench.chaos --conversations 200 --kills 100 --seed 7 [--workers 2] [--partitions 8]
-        [--broker-restarts 3] [--duration 420] [--fault-rate 0.3] [--json FILE] [--work-dir DIR]
+        [--broker-restarts 3] [--pauses 12] [--duration 420] [--fault-rate 0.3] [--json FILE] [--work-dir DIR]
 
 It starts its own local Kafka broker (or uses `KAFKA_BOOTSTRAP_SERVERS`; broker restarts need its own), the
 sandbox (a simulated Chatwoot and System One), one ingress and `--workers` workers with the same app id, each
@@ -19,7 +19,9 @@ with its own RocksDB directory, on topics of `--partitions` partitions. Then, ov
   change, the change applied then 503, or the change applied then the connection closed.
 
 Meanwhile it SIGKILLs a random worker (sometimes the ingress) `--kills` times, each restarted 0.1-2 s later,
-and stops the broker `--broker-restarts` times (SIGTERM and SIGKILL alternately, restarted on the same data
+freezes a random worker `--pauses` times for 20-40 s (SIGSTOP, then SIGCONT: longer than its 15 s session, so the
+group gives its partitions away while it sleeps), and stops the broker `--broker-restarts` times (SIGTERM and
+SIGKILL alternately, restarted on the same data
 dir 1-4 s later). A process that exits by itself is restarted too, and reported.
 
 Then it settles (every process up and healthy, webhooks delivered, no API call for a while), requests an
@@ -59,6 +61,7 @@ import httpx
 
 from bench.chaos_verify import CONVERSATION_KEY, Evidence, Verdict, check, collect, parse_audit, read_topic
 from handlers.processes import Child
+from handlers.worker.fail_stop import FAIL_STOP
 from sandbox.scenario import from_config
 from schemas.config import parse_config
 from streams.kafka.cluster import LocalCluster, start_cluster
@@ -258,6 +261,7 @@ class Options:
     settle_deadline_s: float = 240.0
     code_dir: Path = ROOT  # where the router's processes (ingress, workers, sweep, audit) run from
     worker_ids: bool = True  # ROUTER_WORKER_ID per worker (static membership: a restart keeps its partitions)
+    pauses: int = 0  # SIGSTOP a worker for 20-40 s (past its 15 s session), then SIGCONT (issue 34)
 
     @property
     def play_s(self) -> float:
@@ -275,6 +279,7 @@ class Result:
     broker_restarts: int
     self_exits: int
     starts_again: int = 0  # a worker replaced itself after a Kafka error (same pid: `self_exits` cannot see it)
+    fail_stops: int = 0  # ... of which a worker stopped without committing (a broken barrier, fenced after a pause)
 
     def summary(self) -> str:
         c = self.verdict.counts
@@ -288,7 +293,8 @@ class Result:
                 for name in ("duplicates", "stale_mutations", "late_mutations", "unfolded", "unended")
             ),
             f"audit_differences={c['audit_differences']}",
-            *(f"{name}={c[name]}" for name in ("skipped_records", "wrong_tokens", "raced", "repeated_mutations")),
+            *(f"{name}={c[name]}" for name in ("skipped_records", "wrong_tokens", "stale_writes", "raced")),
+            f"repeated_mutations={c['repeated_mutations']}",
             f"jev_repeats={c['jev_repeats']}",
             f"late_folds={c['late_folds']}",
             f"stale_reads={c['stale_reads']}",
@@ -298,6 +304,8 @@ class Result:
             f"broker_restarts={self.broker_restarts}",
             f"self_exits={self.self_exits}",
             f"starts_again={self.starts_again}",
+            f"pauses={o.pauses}",
+            f"fail_stops={self.fail_stops}",
             f"duration={self.duration_s:.0f}s",
         ]
         return f"chaos: {' '.join(fields)} {'PASS' if self.verdict.passed else 'FAIL'}"
@@ -465,6 +473,14 @@ class Chaos:
         if self.cluster is not None:
             self.cluster.stop()
 
+    def fail_stops(self) -> int:
+        """How often a worker stopped without committing (`handlers/worker/fail_stop.py`) and started again."""
+        return sum(
+            w.log_path.read_text(encoding="utf-8", errors="replace").count(FAIL_STOP)
+            for w in self.workers
+            if w.log_path.exists()
+        )
+
     def starts_again(self) -> int:
         """How often a worker started again in its own process after a Kafka error (`streams/worker_cmd.py`)."""
         return sum(
@@ -601,6 +617,27 @@ class Chaos:
             self.note(f"kill {n}/{self.o.kills}", process=victim.name, pid=pid, restart_in_s=round(delay, 2))
             await asyncio.sleep(delay)
             victim.start()
+
+    async def pause_loop(self) -> None:
+        """Freeze a random worker (SIGSTOP) for longer than its session, then let it go on (SIGCONT): the group
+        gives its partitions to another worker meanwhile, and it must write nothing and make no mutation after
+        it wakes up (issue 34: it is fenced and starts again)."""
+        times = sorted(self.rng.uniform(0.1, 0.8) * self.o.play_s for _ in range(self.o.pauses))
+        base = self.now()
+        for n, at in enumerate(times, 1):
+            await self.sleep_until(base + at)
+            victim = self.rng.choice(self.workers)
+            pid = victim.pid
+            if pid is None or not victim.alive():
+                continue
+            pause_s = self.rng.uniform(20.0, 40.0)
+            os.kill(pid, signal.SIGSTOP)
+            self.note(f"pause {n}/{self.o.pauses}", process=victim.name, pid=pid, for_s=round(pause_s, 1))
+            await asyncio.sleep(pause_s)
+            if victim.pid == pid:  # not killed and restarted meanwhile
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+                self.note(f"resumed {n}/{self.o.pauses}", process=victim.name, pid=pid)
 
     async def broker_loop(self) -> None:
         if self.o.broker_restarts == 0:
@@ -765,7 +802,7 @@ class Chaos:
             await self.start_stack()
             supervisor = asyncio.create_task(self.supervise(stop))
             self.note("playing", conversations=len(self.plans), play_s=round(self.o.play_s, 1), kills=self.o.kills)
-            await asyncio.gather(self.play(), self.kill_loop(), self.broker_loop())
+            await asyncio.gather(self.play(), self.kill_loop(), self.broker_loop(), self.pause_loop())
             self.note("play over")
             await self.settle()
             stop.set()
@@ -798,6 +835,7 @@ class Chaos:
                 self.broker_restarts,
                 self.self_exits,
                 self.starts_again(),
+                self.fail_stops(),
             )
         finally:
             stop.set()
@@ -874,6 +912,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="start the workers without ROUTER_WORKER_ID (dynamic group membership: every restart rebalances)",
     )
+    parser.add_argument(
+        "--pauses", type=int, default=0, help="freeze a random worker this often for 20-40 s (SIGSTOP, SIGCONT)"
+    )
     parser.add_argument("--clean", action="store_true", help="remove the work directory after a passing run")
     args = parser.parse_args(argv)
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None
@@ -897,6 +938,7 @@ def main(argv: list[str] | None = None) -> int:
         settle_deadline_s=args.settle_deadline,
         code_dir=args.code_dir.resolve(),
         worker_ids=not args.no_worker_ids,
+        pauses=args.pauses,
     )
     try:
         result = run_chaos(options, bootstrap)

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import sys
@@ -64,6 +65,8 @@ from typing import Any
 import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+
+from schemas.records import GENERATION_HEADER
 
 MUTATIONS = ("toggle_status", "assign", "set_labels")
 BOT_OPS = frozenset({*MUTATIONS, "create_message"})
@@ -87,6 +90,7 @@ class Record:
     key: str
     value: Any
     timestamp_ms: int = 0  # the broker's record timestamp (when it was produced)
+    generation: int | None = None  # a changelog record's `router-generation` header: the writer's group generation
 
 
 @dataclass
@@ -638,6 +642,31 @@ def repeated_mutations(ev: Evidence, calls: dict[str, list[dict[str, Any]]]) -> 
     return found
 
 
+def check_generations(ev: Evidence) -> list[Violation]:
+    """No changelog write of an older group generation lands after one of a newer generation in the same partition
+    (issue 34): a worker that lost its partitions (paused past its session, or stuck in a revoke) must not write
+    its old states over the new owner's. Records without the stamp (written before it existed) are skipped."""
+    violations = []
+    newest: dict[int, tuple[int, int]] = {}  # partition -> (generation, offset of its first write)
+    for record in sorted(ev.changelog, key=lambda r: (r.partition, r.offset)):
+        if record.generation is None:
+            continue
+        seen = newest.get(record.partition)
+        if seen is not None and record.generation < seen[0]:
+            violations.append(
+                Violation(
+                    "stale_writes",
+                    record.key,
+                    f"changelog partition {record.partition} offset {record.offset}: a write of generation "
+                    f"{record.generation} after generation {seen[0]}'s (from offset {seen[1]})",
+                    {"partition": record.partition, "offset": record.offset, "generation": record.generation},
+                )
+            )
+        elif seen is None or record.generation > seen[0]:
+            newest[record.partition] = (record.generation, record.offset)
+    return violations
+
+
 def check(ev: Evidence) -> Verdict:
     calls = _by_key(ev.api_calls)
     duplicates = check_duplicates(ev, calls)
@@ -646,7 +675,8 @@ def check(ev: Evidence) -> Verdict:
     unfolded, skipped = check_folded(ev)
     unended = check_ended(ev, calls)
     tokens = check_tokens(ev)
-    violations = [*duplicates, *stale, *late, *unfolded, *unended, *skipped, *tokens]
+    stale_writes = check_generations(ev)
+    violations = [*duplicates, *stale, *late, *unfolded, *unended, *skipped, *tokens, *stale_writes]
     if ev.audit is None:
         audit_count = -1
         violations.append(Violation("audit_differences", None, "audit --verify did not run"))
@@ -694,6 +724,7 @@ def check(ev: Evidence) -> Verdict:
         "audit_differences": audit_count,
         "skipped_records": sum(len(v.data["offsets"]) for v in skipped),
         "wrong_tokens": len(tokens),
+        "stale_writes": len(stale_writes),
         "raced": len(raced),
         "jev_repeats": len(jev_repeats(ev)),
         "repeated_mutations": len(repeats),
@@ -738,6 +769,14 @@ def _decode(raw: bytes | None) -> Any:
         return {"_raw": raw[:200].decode("utf-8", "replace")}
 
 
+def _generation(message: Any) -> int | None:
+    for name, value in message.headers or ():
+        if name == GENERATION_HEADER:
+            with contextlib.suppress(ValueError):
+                return int(value)
+    return None
+
+
 def _table_key(raw: bytes | None) -> str:
     """Faust writes table keys as JSON strings; topic keys are raw "account:conversation"."""
     text = (raw or b"").decode("utf-8", "replace")
@@ -773,7 +812,7 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 120) -> list
                 batch = await consumer.getmany(timeout_ms=500)
                 for tp, messages in batch.items():
                     records += [
-                        Record(m.partition, m.offset, _table_key(m.key), _decode(m.value), m.timestamp)
+                        Record(m.partition, m.offset, _table_key(m.key), _decode(m.value), m.timestamp, _generation(m))
                         for m in messages
                         if m.offset < ends[tp]
                     ]

@@ -460,6 +460,10 @@ HISTORY_MISSING_HEADER = "router-history-missing"
 many records the source had lost before it (ASCII digits). The copy starts at offset 0, so without it the new app
 could not tell that its history is partial."""
 
+GENERATION_HEADER = "router-generation"
+"""A Kafka header on every changelog record a worker writes: the consumer group generation it was in (ASCII
+digits), so a write from a worker that had lost its partitions shows as an older generation after a newer one."""
+
 MARKER_KEY = "config"
 """The Kafka key of every `ConfigApplied` marker (markers go to an explicit partition, so any key would do)."""
 

@@ -5,7 +5,8 @@
 - a table write takes its partition from `faust.streams.current_event()` (`Table.partition_for_key`), which the
   write cache sets through the private ContextVar `faust.streams._current_event` (`FaustPartitionScope`);
 - every table write goes through `Table.send_changelog(partition, key, value, ...)`, whose future the commit
-  barrier awaits (`streams/worker/tables.py`);
+  barrier awaits and whose record the worker stamps with its generation (`streams/worker/tables.py`, which
+  keeps Faust's `_on_changelog_sent` callback);
 - the consumer's `_commit_offsets(offsets, start_new_transaction)` is where the commit protocol runs, and the
   consumer thread's `_create_worker_consumer` where the fetch long-poll is set (`streams/worker/transport.py`).
 
@@ -47,6 +48,8 @@ def check_internals() -> None:
         raise InternalsChanged("faust's Table.partition_for_key no longer reads current_event()")
     if _parameters(Collection.send_changelog)[:4] != ["self", "partition", "key", "value"]:
         raise InternalsChanged("faust's Table.send_changelog is not (partition, key, value, ...)")
+    if not hasattr(Collection, "_on_changelog_sent"):  # the callback the stamped send_changelog keeps
+        raise InternalsChanged("faust's Table has no _on_changelog_sent")
     if _parameters(faust_aiokafka.Consumer._commit_offsets) != ["self", "offsets", "start_new_transaction"]:
         raise InternalsChanged("faust's Consumer._commit_offsets is not (offsets, start_new_transaction)")
     if not hasattr(faust_aiokafka.AIOKafkaConsumerThread, "_create_worker_consumer"):

@@ -20,6 +20,7 @@ import faust
 from faust.tables import TableManager as FaustTableManager
 
 from handlers.worker.barrier import Barrier
+from schemas.records import GENERATION_HEADER
 
 
 class TableManager(FaustTableManager):
@@ -30,15 +31,35 @@ class TableManager(FaustTableManager):
 
 
 class Table(faust.Table):
-    """Faust's table, whose changelog writes are tracked by the worker's commit barrier (handlers/worker/barrier.py).
+    """Faust's table, whose changelog writes are tracked by the worker's commit barrier (handlers/worker/barrier.py)
+    and stamped with the writer's group generation.
 
     Faust sends a table write's changelog record with `send_soon` and only logs a failed send; this keeps the
-    future of each (`send_changelog` is Faust's public method every write goes through) in the barrier of the
-    app (`track_changelog`), so nothing relies on a state whose changelog record was not acknowledged. The app
-    selects this class through Faust's `Table` setting."""
+    future of each in the barrier of the app (`track_changelog`), so nothing relies on a state whose changelog
+    record was not acknowledged. Each record carries the header `router-generation` (the consumer group's
+    generation the writer was in), so a write from a worker that had lost its partitions is visible on the
+    changelog: it lands after a write of a newer generation (bench/chaos_verify.py checks there is none). This is
+    Faust's `send_changelog` (every table write goes through it) with the headers added; the app selects this
+    class through Faust's `Table` setting."""
 
-    def send_changelog(self, *args: Any, **kwargs: Any) -> Any:
-        future = super().send_changelog(*args, **kwargs)
+    def send_changelog(
+        self,
+        partition: int | None,
+        key: Any,
+        value: Any,
+        key_serializer: Any = None,
+        value_serializer: Any = None,
+    ) -> Any:
+        future = self.changelog_topic.send_soon(
+            key=key,
+            value=value,
+            partition=partition,
+            key_serializer=self.key_serializer if key_serializer is None else key_serializer,
+            value_serializer=self.value_serializer if value_serializer is None else value_serializer,
+            headers=[(GENERATION_HEADER, str(self.app.consumer_generation_id).encode())],
+            callback=self._on_changelog_sent,
+            eager_partitioning=True,  # the record's partition is final at once, as in Faust's
+        )
         barrier = _barriers.get(self.app)
         if barrier is not None:
             barrier.add(future)

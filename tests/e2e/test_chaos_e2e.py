@@ -32,3 +32,27 @@ def test_kill_loop_loses_nothing_and_runs_nothing_stale(kafka_bootstrap: str, tm
         f"{result.summary()}\n{result.verdict.report()}\n"
         f"report, evidence (re-check: python -m bench.chaos_verify FILE) and process logs in {work}"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_worker_paused_past_its_session_writes_nothing_stale_when_it_wakes(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Issue 34: a worker frozen (SIGSTOP) for 20-40 s, longer than its 15 s session, loses its partitions to the
+    other worker; when it wakes (SIGCONT) it is fenced: it stops without writing its cache or making a mutation
+    and starts again. The same independent checks hold (no duplicate reply, no stale mutation, `audit --verify`
+    clean: no state written back in time), and the frozen worker did fence itself."""
+    seed = int(os.environ.get("CHAOS_SEED") or random.randrange(1_000_000))
+    work = tmp_path / "chaos"
+    options = Options(
+        conversations=40, kills=2, pauses=2, seed=seed, workers=2, partitions=8, duration_s=90, work_dir=work
+    )
+    result = run_chaos(options, kafka_bootstrap)
+    (work / "report.json").write_text(json.dumps(result.to_json(), indent=2, default=str))
+    assert result.verdict.passed, (
+        f"{result.summary()}\n{result.verdict.report()}\n"
+        f"report, evidence (re-check: python -m bench.chaos_verify FILE) and process logs in {work}"
+    )
+    paused = [e for e in result.timeline if str(e.get("what", "")).startswith("resumed")]
+    assert result.fail_stops >= len(paused), f"a worker woke from a pause without fencing itself: {result.summary()}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.chaos_verify import AuditResult, Evidence, Record, check, parse_audit
+from bench.chaos_verify import AuditResult, Evidence, Record, check, check_generations, parse_audit
 
 KEY = "1:7"
 PATH = "/api/v1/accounts/1/conversations/7"
@@ -203,3 +203,20 @@ def test_duplicate_replies_unended_conversations_and_audit_differences_fail() ->
 def test_evidence_round_trips_through_json() -> None:
     original = evidence(events=[event(0, "a")], changelog=[state(0)], webhooks=[webhook("a")])
     assert Evidence.from_json(original.to_json()) == original
+
+
+def test_a_changelog_write_of_an_older_generation_after_a_newer_ones_is_a_stale_write() -> None:
+    """Issue 34: a worker that lost its partitions (paused past its session) must not write its old states over
+    the new owner's; the changelog's generation stamps show it. Unstamped records (older releases) are skipped."""
+
+    def stamped(partition: int, offset: int, generation: int | None) -> Record:
+        return Record(partition, offset, KEY, {"offset": offset}, 0, generation)
+
+    fine = evidence(changelog=[stamped(0, 0, None), stamped(0, 1, 3), stamped(0, 2, 3), stamped(0, 3, 5)])
+    assert check_generations(fine) == []
+    other_partition = evidence(changelog=[stamped(0, 0, 5), stamped(1, 0, 3)])
+    assert check_generations(other_partition) == []
+    zombie = evidence(changelog=[stamped(0, 0, 3), stamped(0, 1, 4), stamped(0, 2, 3), stamped(0, 3, 4)])
+    (found,) = check_generations(zombie)
+    assert found.check == "stale_writes" and found.data == {"partition": 0, "offset": 2, "generation": 3}
+    assert check(zombie).counts["stale_writes"] == 1
