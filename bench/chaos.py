@@ -60,6 +60,7 @@ from typing import Any
 import httpx
 
 from bench.chaos_verify import CONVERSATION_KEY, Evidence, Verdict, check, collect, parse_audit, read_topic
+from bench.latency_proxy import LatencyProxy
 from handlers.processes import Child
 from handlers.worker.fail_stop import FAIL_STOP
 from sandbox.scenario import from_config
@@ -262,6 +263,7 @@ class Options:
     code_dir: Path = ROOT  # where the router's processes (ingress, workers, sweep, audit) run from
     worker_ids: bool = True  # ROUTER_WORKER_ID per worker (static membership: a restart keeps its partitions)
     pauses: int = 0  # SIGSTOP a worker for 20-40 s (past its 15 s session), then SIGCONT (issue 34)
+    slow_broker_ms: int = 0  # every byte to and from the broker this late (bench/latency_proxy.py; one broker only)
 
     @property
     def play_s(self) -> float:
@@ -339,6 +341,7 @@ class Chaos:
         self.external_bootstrap = bootstrap
         self.broker: LocalKafka | None = None
         self.cluster: LocalCluster | None = None
+        self.proxy: LatencyProxy | None = None  # --slow-broker-ms
         self.broker_port = free_port()
         self.broker_down = False
         self.started = time.monotonic()
@@ -397,7 +400,8 @@ class Chaos:
         (self.work / "scenario.json").write_text(json.dumps(scenario, indent=2))
 
     def start_broker(self) -> None:
-        self.broker = start_broker(self.broker_port, self.work / "kafka")
+        advertised = self.proxy.port if self.proxy is not None else None
+        self.broker = start_broker(self.broker_port, self.work / "kafka", advertised_port=advertised)
         self.broker_down = False
 
     async def start_stack(self) -> None:
@@ -407,6 +411,10 @@ class Chaos:
             self.cluster = await asyncio.to_thread(start_cluster, None, self.work / "kafka-cluster")
             self.note("cluster up", bootstrap=self.cluster.bootstrap)
         elif self.external_bootstrap is None:
+            if self.o.slow_broker_ms:  # clients reach the broker through a proxy that delays every byte
+                self.proxy = LatencyProxy(free_port(), self.broker_port, self.o.slow_broker_ms / 1000)
+                await self.proxy.start()
+                self.note("a slow broker: every byte through a proxy", port=self.proxy.port, ms=self.o.slow_broker_ms)
             self.note("starting the broker", port=self.broker_port)
             await asyncio.to_thread(self.start_broker)
         env = self.env()
@@ -841,6 +849,8 @@ class Chaos:
             stop.set()
             await self.http.aclose()
             self.stop_stack()
+            if self.proxy is not None:
+                await self.proxy.stop()
 
 
 def code_version(code_dir: Path) -> str:
@@ -915,13 +925,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pauses", type=int, default=0, help="freeze a random worker this often for 20-40 s (SIGSTOP, SIGCONT)"
     )
+    parser.add_argument(
+        "--slow-broker-ms",
+        type=int,
+        default=0,
+        help="clients reach the broker through a proxy that delays every byte this long each way (a slow leader)",
+    )
     parser.add_argument("--clean", action="store_true", help="remove the work directory after a passing run")
     args = parser.parse_args(argv)
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None
-    if bootstrap and (args.broker_restarts or args.brokers > 1):
+    if bootstrap and (args.broker_restarts or args.brokers > 1 or args.slow_broker_ms):
         print(
-            "--broker-restarts and --brokers need the test's own Kafka: unset KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr
+            "--broker-restarts, --brokers and --slow-broker-ms need the test's own Kafka: "
+            "unset KAFKA_BOOTSTRAP_SERVERS",
+            file=sys.stderr,
         )
+        return 2
+    if args.slow_broker_ms and args.brokers > 1:
+        print("--slow-broker-ms works with one broker", file=sys.stderr)
         return 2
     options = Options(
         conversations=args.conversations,
@@ -939,6 +960,7 @@ def main(argv: list[str] | None = None) -> int:
         code_dir=args.code_dir.resolve(),
         worker_ids=not args.no_worker_ids,
         pauses=args.pauses,
+        slow_broker_ms=args.slow_broker_ms,
     )
     try:
         result = run_chaos(options, bootstrap)

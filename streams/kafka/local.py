@@ -90,15 +90,16 @@ def _ensure_dir(path: Path) -> Path:
     return path
 
 
-def broker_properties(port: int, controller_port: int, log_dir: Path) -> str:
-    """server.properties for one KRaft node acting as broker and controller."""
+def broker_properties(port: int, controller_port: int, log_dir: Path, advertised_port: int | None = None) -> str:
+    """server.properties for one KRaft node acting as broker and controller; `advertised_port` (a proxy in front
+    of it, bench/latency_proxy.py) is where clients are told to connect instead of `port`."""
     return "\n".join(
         [
             "process.roles=broker,controller",
             "node.id=1",
             f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
             f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{advertised_port or port}",
             "controller.listener.names=CONTROLLER",
             "inter.broker.listener.name=PLAINTEXT",
             "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
@@ -226,8 +227,10 @@ def start_broker(
     *,
     ready_timeout: float = READY_TIMEOUT_S,
     quiet: bool = True,
+    advertised_port: int | None = None,
 ) -> LocalKafka:
-    """Start a broker (formatting `data_dir` on first use) and return once clients can connect."""
+    """Start a broker (formatting `data_dir` on first use) and return once clients can connect (through
+    `advertised_port` when given: a proxy in front of the broker must be listening there)."""
     port = port or free_port()
     if port_in_use(port):
         raise KafkaLaunchError(
@@ -245,7 +248,7 @@ def start_broker(
     else:
         controller_port = free_port()
         controller_file.write_text(str(controller_port), encoding="utf-8")
-    properties.write_text(broker_properties(port, controller_port, log_dir), encoding="utf-8")
+    properties.write_text(broker_properties(port, controller_port, log_dir, advertised_port), encoding="utf-8")
     base = _java_command(lib, data_dir, log_file)
     _format_storage(base, properties, _saved_cluster_id(data_dir, log_dir))
     with (data_dir / "broker.stderr").open("wb") as stderr:
