@@ -2,6 +2,8 @@
 
 - `durable_producer`: acks from all in-sync replicas and idempotence, so a record a command reports as written is
   written once (config apply, sweep, replay, rebuilds, tests).
+- `group_members`: who is in a consumer group and what each member owns (`replay state` refuses to rebuild in
+  place while workers run; tests check which worker owns a partition).
 - `read_topic`: a topic from its beginning up to its end offsets as of the start, for small topics (`configs`)
   and tests. It never joins a consumer group and never commits: readers must not disturb the running workers.
   The readers of the event log use `handlers/logs/reader.py` (partition by partition, bounded memory).
@@ -45,6 +47,27 @@ async def topic_partitions(bootstrap: str, topic: str) -> list[TopicPartition]:
     if not partitions:
         raise LookupError(f"topic {topic} does not exist")
     return [TopicPartition(topic, p) for p in sorted(partitions)]
+
+
+async def group_members(bootstrap: str, group: str) -> dict[str, set[tuple[str, int]]]:
+    """Each member of a consumer group now and the (topic, partition)s assigned to it, keyed by its member id
+    (which starts with its client id); empty when the group has no member or does not exist."""
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        responses = await admin.describe_consumer_groups([group])
+    finally:
+        await admin.close()
+    members: dict[str, set[tuple[str, int]]] = {}
+    for response in responses:
+        for described in response.to_object()["groups"]:
+            for member in described["members"]:
+                raw = member["member_assignment"]
+                assigned = ConsumerProtocolMemberAssignment.decode(raw).partitions() if raw else []
+                members[member["member_id"]] = {(tp.topic, tp.partition) for tp in assigned}
+    return members
 
 
 async def read_topic(

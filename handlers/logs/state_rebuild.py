@@ -24,11 +24,10 @@ import time
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import OffsetAndMetadata
 
 from handlers.kafka.config_store import configs_topic, read_book
-from handlers.kafka.topic_io import durable_producer, read_topic, topic_partitions
+from handlers.kafka.topic_io import durable_producer, group_members, read_topic, topic_partitions
 from handlers.kafka.topics import ensure_app_topics
 from handlers.logs.progress import ReadProgress
 from handlers.logs.reader import plan
@@ -66,17 +65,7 @@ class Summary:
 
 async def live_members(bootstrap: str, group: str) -> int:
     """How many members the consumer group has now (0 when it is empty or unknown)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        responses = await admin.describe_consumer_groups([group])
-    finally:
-        await admin.close()
-    members = 0
-    for response in responses:
-        for described in getattr(response, "groups", []):
-            members += len(described[5]) if len(described) > 5 else 0
-    return members
+    return len(await group_members(bootstrap, group))
 
 
 async def _copy_configs(bootstrap: str, source: str, target: str, producer: AIOKafkaProducer) -> int:

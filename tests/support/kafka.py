@@ -1,4 +1,5 @@
-"""The real broker from a test: create a topic, count its partitions, read back everything in it."""
+"""The real broker from a test: create a topic, count its partitions, read back everything in it, see who owns
+which partition (`group_members`)."""
 
 from __future__ import annotations
 
@@ -45,25 +46,3 @@ async def read_all(bootstrap: str, topic: str) -> list[Any]:
     except LookupError:
         return []
     return records
-
-
-async def group_members(bootstrap: str, group: str) -> dict[str, set[tuple[str, int]]]:
-    """Each member of a consumer group and the (topic, partition)s assigned to it, keyed by the member's static id
-    (`group.instance.id`) when the broker reports one, else by its member id (which starts with the client id)."""
-    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        responses = await admin.describe_consumer_groups([group])
-    finally:
-        await admin.close()
-    members: dict[str, set[tuple[str, int]]] = {}
-    for response in responses:
-        for described in response.to_object()["groups"]:
-            for member in described["members"]:
-                name = member.get("group_instance_id") or member["member_id"]
-                raw = member["member_assignment"]
-                assigned = ConsumerProtocolMemberAssignment.decode(raw).partitions() if raw else []
-                members[name] = {(tp.topic, tp.partition) for tp in assigned}
-    return members
