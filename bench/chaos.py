@@ -16,7 +16,10 @@ with its own RocksDB directory, on topics of `--partitions` partitions. Then, ov
 - some are edited by a person 1-4 s after the router ended them (reopened, assigned, labelled);
 - each worker has a ROUTER_WORKER_ID (static group membership) unless `--no-worker-ids`;
 - `--fault-rate` of them get one Chatwoot fault on a request the router makes for them: 503 before the
-  change, the change applied then 503, or the change applied then the connection closed.
+  change, the change applied then 503, or the change applied then the connection closed;
+- `--slow-mutation-rate` of the others get one mutation that Chatwoot answers (and applies) only after 20 s,
+  longer than the workers' 5 s revoke drain, so partitions move while it is in flight;
+- `--slow-broker-ms` puts a proxy that delays every byte between the clients and the broker (a slow leader).
 
 Meanwhile it SIGKILLs a random worker (sometimes the ingress) `--kills` times, each restarted 0.1-2 s later,
 freezes a random worker `--pauses` times for 20-40 s (SIGSTOP, then SIGCONT: longer than its 15 s session, so the
@@ -62,7 +65,7 @@ import httpx
 from bench.chaos_verify import CONVERSATION_KEY, Evidence, Verdict, check, collect, parse_audit, read_topic
 from bench.latency_proxy import LatencyProxy
 from handlers.processes import Child
-from handlers.worker.fail_stop import FAIL_STOP
+from handlers.worker.fencing import FAIL_STOP
 from sandbox.scenario import from_config
 from schemas.config import parse_config
 from streams.kafka.cluster import LocalCluster, start_cluster
@@ -184,7 +187,13 @@ def _tag(index: int) -> str:
     return word
 
 
-def make_plans(count: int, duration_s: float, fault_rate: float, rng: random.Random) -> list[Plan]:
+MUTATIONS = ("set_labels", "toggle_status", "assign")
+SLOW_MUTATION_MS = 20_000  # longer than the 5 s revoke drain: the partition moves while Chatwoot still holds it
+
+
+def make_plans(
+    count: int, duration_s: float, fault_rate: float, rng: random.Random, slow_mutation_rate: float = 0.0
+) -> list[Plan]:
     kinds, weights = list(KIND_WEIGHTS), list(KIND_WEIGHTS.values())
     starts = sorted(rng.uniform(0, duration_s) for _ in range(count))
     plans = []
@@ -207,6 +216,12 @@ def make_plans(count: int, duration_s: float, fault_rate: float, rng: random.Ran
                 "times": 1,
             }
         plans.append(plan)
+    # draws of its own, and only when asked: a seed's plans without slow mutations stay as they were
+    slow = random.Random(rng.random()) if slow_mutation_rate else None
+    for plan in plans:
+        if slow is not None and plan.fault is None and slow.random() < slow_mutation_rate:
+            ops = [op for op in FAULT_OPS[plan.kind] if op in MUTATIONS]
+            plan.fault = {"op": slow.choice(ops), "mode": "delay", "delay_ms": SLOW_MUTATION_MS, "times": 1}
     return plans
 
 
@@ -264,6 +279,7 @@ class Options:
     worker_ids: bool = True  # ROUTER_WORKER_ID per worker (static membership: a restart keeps its partitions)
     pauses: int = 0  # SIGSTOP a worker for 20-40 s (past its 15 s session), then SIGCONT (issue 34)
     slow_broker_ms: int = 0  # every byte to and from the broker this late (bench/latency_proxy.py; one broker only)
+    slow_mutation_rate: float = 0.0  # share of conversations with one mutation Chatwoot answers only after 20 s
 
     @property
     def play_s(self) -> float:
@@ -346,7 +362,9 @@ class Chaos:
         self.broker_down = False
         self.started = time.monotonic()
         self.timeline: list[dict[str, Any]] = []
-        self.plans = make_plans(options.conversations, options.play_s, options.fault_rate, self.rng)
+        self.plans = make_plans(
+            options.conversations, options.play_s, options.fault_rate, self.rng, options.slow_mutation_rate
+        )
         self.app_id = f"chaos-{options.seed}-{int(time.time())}"
         self.sandbox_port, self.ingress_port = free_port(), free_port()
         self.sandbox_url = f"http://127.0.0.1:{self.sandbox_port}"
@@ -482,7 +500,7 @@ class Chaos:
             self.cluster.stop()
 
     def fail_stops(self) -> int:
-        """How often a worker stopped without committing (`handlers/worker/fail_stop.py`) and started again."""
+        """How often a worker stopped without committing (`handlers/worker/fencing.py`) and started again."""
         return sum(
             w.log_path.read_text(encoding="utf-8", errors="replace").count(FAIL_STOP)
             for w in self.workers
@@ -931,6 +949,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="clients reach the broker through a proxy that delays every byte this long each way (a slow leader)",
     )
+    parser.add_argument(
+        "--slow-mutation-rate",
+        type=float,
+        default=0.0,
+        help="share of conversations with one mutation Chatwoot answers only after 20 s (partitions move meanwhile)",
+    )
     parser.add_argument("--clean", action="store_true", help="remove the work directory after a passing run")
     args = parser.parse_args(argv)
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None
@@ -961,6 +985,7 @@ def main(argv: list[str] | None = None) -> int:
         worker_ids=not args.no_worker_ids,
         pauses=args.pauses,
         slow_broker_ms=args.slow_broker_ms,
+        slow_mutation_rate=args.slow_mutation_rate,
     )
     try:
         result = run_chaos(options, bootstrap)

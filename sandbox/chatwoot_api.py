@@ -61,7 +61,7 @@ def _int(raw: str) -> int:
 
 def _authenticate(world: World, request: web.Request, account_id: int, bot_ok: bool) -> Actor:
     """Token → user or bot, with Chatwoot's 401/404 answers (§4.0)."""
-    token = request.headers.get("api_access_token")
+    token = _token_header(request)
     if token is None:
         raise ApiError(401, {"errors": ["You need to sign in or sign up before continuing."]})
     actor = world.token_owner(token)
@@ -131,11 +131,17 @@ def _token_kind(token: str | None, owner: Actor | None) -> str:
     return "bot" if isinstance(owner, Bot) else "user"
 
 
+def _token_header(request: web.Request) -> str | None:
+    """The access token, under either spelling Chatwoot reads: `api_access_token` or `Api-Access-Token` (Rails
+    sees both as HTTP_API_ACCESS_TOKEN; a default nginx drops the first, so the router sends the second)."""
+    return request.headers.get("api_access_token") or request.headers.get("Api-Access-Token")
+
+
 def endpoint(op: str, *, bot_ok: bool) -> Callable[[Handler], Callable[[web.Request], Awaitable[Any]]]:
     def wrap(handler: Handler) -> Callable[[web.Request], Awaitable[Any]]:
         async def handle(request: web.Request) -> web.StreamResponse:
             sandbox = request.app[SANDBOX]
-            token = request.headers.get("api_access_token")
+            token = _token_header(request)
             owner = sandbox.world.token_owner(token) if token else None
             entry: dict[str, Any] = {
                 "op": op,
@@ -366,7 +372,14 @@ def list_agents(call: Call) -> Any:
     return [views.agent_json(u, call.account_id) for u in users]
 
 
+async def server_version(request: web.Request) -> web.StreamResponse:
+    """`GET /api` (no token): the installation's version (`app/controllers/api_controller.rb`)."""
+    world = request.app[SANDBOX].world
+    return web.json_response({"version": world.chatwoot_version, "timestamp": str(int(world.now()))})
+
+
 def add_routes(app: web.Application) -> None:
+    app.router.add_get("/api", server_version)
     base = "/api/v1/accounts/{account}"
     conv = base + "/conversations/{conversation:\\d+}"
     app.router.add_get(base + "/conversations", list_conversations)

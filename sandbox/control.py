@@ -30,6 +30,7 @@ POST   /_sandbox/faults                         {op, mode?, status?, delay_ms?, 
 DELETE /_sandbox/faults                         remove every fault rule
 POST   /_sandbox/clock                          {advance_s}: move the sandbox's clock forward
 POST   /_sandbox/settle                         {timeout_s?}: wait until queued webhooks are finished
+POST   /_sandbox/settings                       {activity_delay_ms?, webhook_retry_delay_ms?, chatwoot_version?}
 """
 
 from __future__ import annotations
@@ -165,7 +166,10 @@ def _settings(sandbox: Sandbox, body: dict[str, Any], ids: dict[str, int]) -> An
         sandbox.world.activity_delay_s = float(body["activity_delay_ms"]) / 1000
     if "webhook_retry_delay_ms" in body:
         sandbox.dispatcher.retry_delay_s = float(body["webhook_retry_delay_ms"]) / 1000
+    if "chatwoot_version" in body:
+        sandbox.world.chatwoot_version = str(body["chatwoot_version"])
     return {
+        "chatwoot_version": sandbox.world.chatwoot_version,
         "activity_delay_ms": sandbox.world.activity_delay_s * 1000,
         "webhook_retry_delay_ms": sandbox.dispatcher.retry_delay_s * 1000,
     }

@@ -98,6 +98,9 @@ def _unrendered(world: World, announcement: Announcement) -> dict[str, Any]:
     raise RuntimeError("World.render is not wired (Sandbox sets it to views.announcement_payload)")
 
 
+NEWEST_CHATWOOT = "4.18.0"
+
+
 @dataclass
 class World:
     """The whole simulated installation."""
@@ -112,11 +115,18 @@ class World:
     default_webhook_url: str | None = None
     clock_offset_s: float = 0.0
     activity_delay_s: float = 0.0  # Chatwoot writes activities from a background job, a moment later
+    # the Chatwoot release imitated (`GET /api`); older ones lack what the router needs (chatwoot-api.md §8)
+    chatwoot_version: str = NEWEST_CHATWOOT
     on_event: Callable[[BotEvent], None] = lambda event: None
     render: Callable[[World, Announcement], dict[str, Any]] = _unrendered
     _ids: dict[str, int] = field(default_factory=dict)
 
     # --- small helpers -------------------------------------------------------------------------------------
+
+    def at_least(self, major: int, minor: int) -> bool:
+        """Whether the imitated Chatwoot is this release or newer."""
+        parts = [int(p) for p in self.chatwoot_version.split(".")[:2] if p.isdigit()]
+        return tuple(parts) >= (major, minor)
 
     def now(self) -> float:
         return time.time() + self.clock_offset_s
@@ -213,10 +223,11 @@ class World:
         previous = {name: entry["previous_value"] for item in changed for name, entry in item.items()}
         if "status" in previous:
             status = conversation.status
+            attributes = {"activity": {"type": "conversation_status_changed", "status": status}}
             self.add_activity(
                 conversation,
                 _STATUS_TEXT[status].format(actor.name),
-                {"activity": {"type": "conversation_status_changed", "status": status}},
+                attributes if self.at_least(4, 17) else None,  # #14433: not before v4.17.0
             )
         if "assignee_id" in previous:
             new = conversation.assignee_id
@@ -267,7 +278,7 @@ class World:
         conversation.messages.append(message)
         return message
 
-    def add_activity(self, conversation: Conversation, text: str, attributes: dict[str, Any]) -> None:
+    def add_activity(self, conversation: Conversation, text: str, attributes: dict[str, Any] | None) -> None:
         """Writes an activity message now, or after `activity_delay_s` as Chatwoot's job would."""
         if self.activity_delay_s <= 0:
             self._new_message(conversation, ACTIVITY, text, None, content_attributes=attributes)
@@ -399,7 +410,8 @@ class World:
             status=status,
             created_at=now,
             assignee_id=assignee_id,
-            bot_assignee_id=inbox.bot_id if bot_active and assignee_id is None else None,
+            # #14875 (v4.16): the inbox bot owns a new conversation; before, it was only pending
+            bot_assignee_id=inbox.bot_id if bot_active and assignee_id is None and self.at_least(4, 16) else None,
             last_activity_at=now,
             updated_at=now,
             additional_attributes=additional_attributes or {},

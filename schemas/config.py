@@ -467,6 +467,13 @@ def _app_id(value: str) -> str:
     return value
 
 
+def _chatwoot_version(value: str) -> str:
+    value = value.strip()
+    if not re.fullmatch(r"v?\d{1,3}\.\d{1,3}(\.\d{1,3})?", value):
+        raise ValueError("must be a Chatwoot version such as 4.17.2")
+    return value
+
+
 def _bootstrap(value: str) -> str:
     from aiokafka.conn import collect_hosts
 
@@ -521,6 +528,10 @@ class RouterEnv(BaseModel):
     # a stable name per worker (e.g. the pod's): static group membership, so a restarted worker takes its
     # partitions back at once instead of the whole group waiting out the dead member's session
     worker_id: Annotated[str, AfterValidator(_app_id)] | None = Field(None, alias="ROUTER_WORKER_ID")
+    # the Chatwoot version, when a proxy hides GET /api (handlers/worker/chatwoot_gate.py); unset: asked of Chatwoot
+    chatwoot_version: Annotated[str, AfterValidator(_chatwoot_version)] | None = Field(
+        None, alias="ROUTER_CHATWOOT_VERSION"
+    )
     chatwoot_token: str | None = Field(None, alias="CHATWOOT_TOKEN", repr=False)
     agent_bot_tokens: str | None = Field(None, alias="CHATWOOT_AGENT_BOT_TOKENS", repr=False)
     agent_bot_secrets: str | None = Field(None, alias="CHATWOOT_AGENT_BOT_SECRETS", repr=False)

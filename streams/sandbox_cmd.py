@@ -20,6 +20,7 @@ import yaml
 
 from sandbox import run_sandbox
 from sandbox.scenario import DEFAULT_API_KEY, DEFAULT_USER_TOKEN, SAMPLE, from_config
+from sandbox.world import NEWEST_CHATWOOT
 from schemas.config import ConfigError, load_config_file
 
 EXIT_INVALID_CONFIG = 2
@@ -34,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--webhook-url", help="where agent-bot webhooks go (bots without an outgoing_url)")
     parser.add_argument("--retry-delay", type=float, default=3.0, help="seconds between webhook retries (default 3)")
+    parser.add_argument(
+        "--chatwoot-version",
+        default=NEWEST_CHATWOOT,
+        help=f"the Chatwoot release to imitate on GET /api and in its behaviour (default {NEWEST_CHATWOOT})",
+    )
 
 
 def _account_map(name: str) -> dict[int, str]:
@@ -72,6 +78,7 @@ async def _serve(args: argparse.Namespace, scenario: dict[str, Any] | None) -> N
     async with run_sandbox(
         args.host, args.port, scenario=scenario, webhook_url=args.webhook_url, retry_delay_s=args.retry_delay
     ) as sandbox:
+        sandbox.world.chatwoot_version = args.chatwoot_version
         print(f"ready url={sandbox.url}", flush=True)
         if scenario is SAMPLE:
             print(

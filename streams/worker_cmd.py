@@ -26,7 +26,7 @@ from handlers.kafka.config_store import apply as apply_config
 from handlers.kafka.config_store import ensure_configs_topic, read_book
 from handlers.kafka.topics import ensure_app_topics, log_topic_findings
 from handlers.logging_setup import configure_logging
-from handlers.worker.fail_stop import STARTING_AGAIN
+from handlers.worker.fencing import STARTING_AGAIN
 from schemas.config import ConfigError, Settings
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from streams.config_cmd import EXIT_INVALID_CONFIG, load_or_exit
@@ -34,7 +34,7 @@ from streams.worker import WorkerEnv, build_worker, read_worker_env
 
 log = logging.getLogger("chatwoot_router.worker")
 
-# ends the lines below and the fail-stop line (handlers/worker/fail_stop.py): what the tests and the kill loop count
+# ends the lines below and the fail-stop line (handlers/worker/fencing.py): what the tests and the kill loop count
 STARTING_AGAIN_START = "kafka failed the worker's start" + STARTING_AGAIN
 STARTING_AGAIN_RUN = "a kafka error stopped the running worker" + STARTING_AGAIN
 BROKER_RETRY_S = 0.5  # between attempts while a starting worker waits for the broker (no cap on the wait)

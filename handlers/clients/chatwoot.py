@@ -148,7 +148,9 @@ class ChatwootClient:
     ) -> httpx.Response:
         """One request with the common rules of §10.1; returns a 2xx response with its body read."""
         self.requests += 1
-        headers = {"api_access_token": token, "accept": "application/json"}
+        # `Api-Access-Token`, not `api_access_token`: Chatwoot reads both, and a default nginx in front of it drops
+        # header names with underscores (chatwoot-api.md §8)
+        headers = {"Api-Access-Token": token, "accept": "application/json"}
         try:
             async with asyncio.timeout(self._timeout_s):
                 response = await self._http.request(
@@ -190,6 +192,29 @@ class ChatwootClient:
 
     def _conversation(self, account_id: int, conversation_id: int) -> str:
         return f"/api/v1/accounts/{account_id}/conversations/{conversation_id}"
+
+    # --- the installation ---------------------------------------------------------------------------------
+
+    async def server_version(self) -> str:
+        """The version the installation reports on `GET /api` (no token): `{"version": "4.x.y", ...}`."""
+        op = "get version"
+        self.requests += 1
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                response = await self._http.get(
+                    self._base + "/api", headers={"accept": "application/json"}, follow_redirects=False
+                )
+        except (TimeoutError, httpx.TimeoutException):
+            raise ChatwootTimeout(op) from None
+        except httpx.HTTPError:
+            raise ChatwootNetworkError(op) from None
+        if not 200 <= response.status_code < 300:
+            raise ChatwootError(op, response.status_code)
+        body = self._json(op, response)
+        version = body.get("version") if isinstance(body, dict) else None
+        if not isinstance(version, str):
+            raise ChatwootInvalidResponse(op, response.status_code, "no version")
+        return version
 
     # --- reads (user token) -------------------------------------------------------------------------------
 

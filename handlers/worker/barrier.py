@@ -6,7 +6,7 @@ keeps the future of every write itself — each table's changelog record (`strea
 record it sends — and `wait` awaits them all: before offsets are committed, before an effect that depends on them
 is executed, before a configuration switch, before partitions are given up. A write that failed, or that is not
 acknowledged within the deadline (below the group's rebalance timeout), breaks the barrier: the caller stops the
-worker without committing (`handlers/worker/fail_stop.py`), the path a SIGKILL already proves safe.
+worker without committing (`handlers/worker/fencing.py`), the path a SIGKILL already proves safe.
 """
 
 from __future__ import annotations

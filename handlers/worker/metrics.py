@@ -125,6 +125,14 @@ class WorkerMetrics:
             registry=r,
         )
         self._stuck: dict[str, str] = {}
+        self.commands_held = Counter(
+            "router_commands_held_total",
+            "commands that waited because Chatwoot's version is below the minimum or unknown (not run meanwhile)",
+            registry=r,
+        )
+        self.chatwoot_ok = Gauge(
+            "router_chatwoot_version_ok", "1 while Chatwoot reports a version the router supports", registry=r
+        )
         self.commits_clamped = Counter(
             "router_commits_clamped_total",
             "offset commits Faust asked for past the last record the worker folded, committed no further",

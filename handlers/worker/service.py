@@ -47,8 +47,8 @@ from pydantic import ValidationError
 
 from handlers.worker.barrier import BarrierBroken
 from handlers.worker.catch_up import CatchUp
-from handlers.worker.fail_stop import fail_stop
-from handlers.worker.fence import Fence
+from handlers.worker.chatwoot_gate import ChatwootGate
+from handlers.worker.fencing import Fence, fail_stop
 from handlers.worker.lanes import Lanes
 from handlers.worker.metrics import WorkerMetrics
 from handlers.worker.partition_reader import RangeNotRead
@@ -146,6 +146,7 @@ class WorkerService:
         fence: Fence | None = None,
         stop: Callable[[str], NoReturn] = fail_stop,
         source_topics: Collection[str] | None = None,
+        gate: ChatwootGate | None = None,
     ) -> None:
         self.tables = tables
         self.sink = sink
@@ -157,9 +158,11 @@ class WorkerService:
         self.lanes = lanes or Lanes()
         self.metrics = metrics or WorkerMetrics()
         self.now_ms = now_ms
-        # fencing (handlers/worker/fence.py): a worker that may have lost its group writes nothing more and stops
+        # fencing (handlers/worker/fencing.py): a worker that may have lost its group writes nothing more and stops
         self.fence = fence or Fence(DEFAULT_SESSION_TIMEOUT_S)
         self.stop = stop
+        # nothing is run against a Chatwoot too old for the router, or whose version is unknown (issue 30)
+        self.gate = gate or ChatwootGate.always_open()
         # the topics whose offsets the service owns (None: every committed topic is one)
         self.source_topics = frozenset(source_topics) if source_topics is not None else None
         # tells this process's commands from those of a dead or departed one
@@ -299,7 +302,7 @@ class WorkerService:
         return committable
 
     def check_fence(self, what: str) -> None:
-        """Stop before `what` when the worker may have lost its partitions (handlers/worker/fence.py)."""
+        """Stop before `what` when the worker may have lost its partitions (handlers/worker/fencing.py)."""
         if self.fence.in_doubt():
             self.stop(f"{self.fence.reason()}; not making {what}")
 
@@ -589,6 +592,9 @@ class WorkerService:
     async def run_command(
         self, command: EffectCommand, document: ConfigDocument | None, unchanged_since: float | None = None
     ) -> EffectOutcome:
+        if not self.gate.is_open:
+            self.metrics.commands_held.inc()
+            await self.gate.wait()
         started = time.monotonic()
         config = document.config if document is not None else None
         if unchanged_since is None:

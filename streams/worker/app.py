@@ -33,12 +33,14 @@ from typing import Any, cast
 import faust
 from faust.web import Request, Response, View
 
+from handlers.clients.chatwoot import ChatwootClient
 from handlers.kafka.cluster_probe import ClusterProbe
 from handlers.kafka.config_store import read_book
 from handlers.kafka.topics import TABLES
 from handlers.worker.barrier import Barrier
+from handlers.worker.chatwoot_gate import ChatwootGate
 from handlers.worker.effects import EffectExecutor
-from handlers.worker.fence import Fence
+from handlers.worker.fencing import Fence
 from handlers.worker.lanes import Lanes
 from handlers.worker.metrics import WorkerMetrics
 from handlers.worker.partition_reader import PartitionReader
@@ -57,6 +59,7 @@ from streams.worker.transport import broker_urls, set_pre_commit
 log = logging.getLogger("chatwoot_router.worker")
 
 TICK_S = 1.0
+BEAT_S = 1.0  # the fence's beat (handlers/worker/fencing.py), far below the 15 s session
 BROKER_PROBE_S = 2.0  # how often the broker is probed while it answers
 BROKER_RETRY_PROBE_S = 0.5  # ... and while it does not: /healthz turns 200 within about this of its return
 BROKER_PROBE_TIMEOUT_S = 1.6
@@ -158,6 +161,14 @@ class WorkerApp:
         self._state_table = tables[TABLES[0]]
         self._scope_checked = False
         states, sweep_states, timers, effect_attempts, partition_configs = (FaustTable(tables[n]) for n in TABLES)
+        chatwoot_url = settings.config.chatwoot.base_url
+        self.version_client = ChatwootClient(chatwoot_url, "", {})  # GET /api needs no token
+        self.gate = ChatwootGate(
+            chatwoot_url,
+            self.version_client.server_version,
+            stated_version=env.chatwoot_version,
+            on_change=lambda ok: self.metrics.chatwoot_ok.set(1 if ok else 0),
+        )
         self.service = WorkerService(
             tables=WorkerTables(states, sweep_states, timers, effect_attempts, partition_configs),
             sink=FaustSink(self.app, self.topics, self.barrier),
@@ -175,6 +186,7 @@ class WorkerApp:
             scope=FaustPartitionScope(self.topics["conversations"].get_topic_name()),
             fence=self.fence,
             source_topics=self._source_topics(),
+            gate=self.gate,
         )
         set_pre_commit(self.app, self.service.before_offsets_commit)  # streams/worker/transport.py
         self._wire()
@@ -201,14 +213,19 @@ class WorkerApp:
         app.timer(TICK_S, name="timer_tick")(self.tick)
         app.task(self.leader_sweeps)
         app.task(self.probe_broker_forever)
+        app.task(self.beat_forever)
+        app.task(self.gate.run)  # handlers/worker/chatwoot_gate.py: Chatwoot's version, at start and every 5 min
 
         worker = self
 
         @app.page("/healthz")
         class Healthz(View):
             async def get(self, request: Request) -> Response:
-                ok = worker.ready() and worker.broker_ok
-                return self.json({"ok": ok, "kafka": worker.broker_ok}, status=200 if ok else 503)
+                ok = worker.ready() and worker.broker_ok and worker.gate.is_open
+                body: dict[str, Any] = {"ok": ok, "kafka": worker.broker_ok}
+                if worker.gate.reason is not None:
+                    body["chatwoot"] = worker.gate.reason  # why nothing is routed, in one line
+                return self.json(body, status=200 if ok else 503)
 
         @app.page("/metrics")
         class Metrics(View):
@@ -222,7 +239,10 @@ class WorkerApp:
             """Conversations whose runs keep failing (Decisions 9), with their last reason."""
 
             async def get(self, request: Request) -> Response:
-                return self.json({"stuck": worker.metrics.stuck_keys()})
+                body: dict[str, Any] = {"stuck": worker.metrics.stuck_keys()}
+                if worker.gate.reason is not None:
+                    body["chatwoot"] = worker.gate.reason
+                return self.json(body)
 
         app.on_before_shutdown.connect(cast(Any, self._on_shutdown))
         app.on_partitions_assigned.connect(cast(Any, self._on_assigned))
@@ -238,6 +258,7 @@ class WorkerApp:
             self._heads_lookup.cancel()
         await self.reader.close()
         await self.cluster_probe.close()
+        await self.version_client.aclose()
 
     async def _on_revoked(self, sender: Any, revoked: Any, **kwargs: Any) -> None:
         """Before partitions move, let running effects finish and their outcomes reach Kafka (bounded): the new
@@ -326,11 +347,7 @@ class WorkerApp:
     # --- the timer tick and the leader's sweeps ----------------------------------------------------------
 
     async def tick(self) -> None:
-        """Every second: note that the worker runs (fencing), emit what is due in the owned partitions and fetch
-        again a tail the consumer missed."""
-        self.fence.beat()
-        if self.fence.in_doubt() and self.owned_partitions():
-            self.service.stop(f"{self.fence.reason()}; not writing its cache")
+        """Every second: emit what is due in the owned partitions and fetch again a tail the consumer missed."""
         if not self.ready():
             return
         try:
@@ -338,6 +355,16 @@ class WorkerApp:
         except Exception as exc:  # a consumer between rebalances: the next tick tries again
             log.warning("tail check skipped", extra={"error_type": type(exc).__name__})
         await self.service.fire_due_timers(self.owned_partitions(), self.app.consumer_generation_id)
+
+    async def beat_forever(self) -> None:
+        """Every second, note that the worker runs (handlers/worker/fencing.py): a task of its own, so a slow tick or a
+        long await never looks like a pause; only a process that did not run at all (frozen, or its loop blocked,
+        when its group heartbeat stopped too) leaves a gap. In doubt while owning partitions, it stops."""
+        while True:
+            self.fence.beat()
+            if self.fence.in_doubt() and self.owned_partitions():
+                self.service.stop(f"{self.fence.reason()}; not writing its cache")
+            await asyncio.sleep(BEAT_S)
 
     async def leader_sweeps(self) -> None:
         """On start and every ROUTER_SWEEP_INTERVAL_S, the leader requests a pass per account and status."""

@@ -30,6 +30,7 @@ class WorkerEnv:
     fresh_read_ms: int = 5000
     log_retention_ms: int | None = None  # ROUTER_LOG_RETENTION_MS: None keeps the event log forever
     commit_interval_ms: int = 2800  # ROUTER_COMMIT_INTERVAL_MS: write cache and offsets at least this often
+    chatwoot_version: str | None = None  # ROUTER_CHATWOOT_VERSION: stated when a proxy hides GET /api
 
     def topic(self, name: str) -> str:
         """`<app>.<name>`: conversations, effects, sweeps, dlq."""
@@ -48,6 +49,7 @@ class WorkerEnv:
             fresh_read_ms=env.fresh_read_ms,
             log_retention_ms=env.log_retention_ms,
             commit_interval_ms=env.commit_interval_ms,
+            chatwoot_version=env.chatwoot_version,
         )
 
 

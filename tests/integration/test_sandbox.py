@@ -625,3 +625,38 @@ async def test_only_human_replies_end_the_wait(sandbox: Sandbox, api: httpx.Asyn
     assert state.waiting_since is not None and state.first_reply_created_at is None
     sandbox.human_reply(1, conversation_id, 2, "a person answers")
     assert state.waiting_since is None and state.first_reply_created_at is not None
+
+
+# --- the Chatwoot release imitated (issue 30) -------------------------------------------------------------
+
+
+async def test_the_version_is_answered_on_get_api_and_the_client_reads_it(sandbox: Sandbox) -> None:
+    async with ChatwootClient(sandbox.url, USER, {1: BOT}) as client:
+        assert await client.server_version() == "4.18.0"
+        sandbox.world.chatwoot_version = "4.15.1"
+        assert await client.server_version() == "4.15.1"
+
+
+async def test_either_spelling_of_the_token_header_is_accepted_as_chatwoot_does(
+    sandbox: Sandbox, api: httpx.AsyncClient
+) -> None:
+    conversation_id = _new(sandbox)
+    for header in ("api_access_token", "Api-Access-Token"):
+        assert (await api.get(_path(conversation_id), headers={header: USER})).status_code == 200
+
+
+async def test_an_older_chatwoot_behaves_as_it_did(sandbox: Sandbox) -> None:
+    """Before v4.16 the inbox bot does not own a new conversation (#14875); before v4.17 a status activity has no
+    `content_attributes.activity` (#14433): the router's turn boundaries and ending (b) depend on both."""
+    sandbox.world.chatwoot_version = "4.15.1"
+    old = sandbox.world.conversation(1, _new(sandbox))
+    assert old.status == "pending" and old.bot_assignee_id is None
+    sandbox.human_status(1, old.id, 1, "open")
+    activity = [m for m in old.messages if m.message_type == 2][-1]
+    assert not (activity.content_attributes or {}).get("activity")
+    sandbox.world.chatwoot_version = "4.18.0"
+    new = sandbox.world.conversation(1, _new(sandbox))
+    assert new.bot_assignee_id is not None
+    sandbox.human_status(1, new.id, 1, "open")
+    activity = [m for m in new.messages if m.message_type == 2][-1]
+    assert activity.content_attributes["activity"]["status"] == "open"

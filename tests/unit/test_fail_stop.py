@@ -11,7 +11,7 @@ from aiokafka.errors import KafkaConnectionError
 from faust.types import TP
 
 from handlers.worker.barrier import BarrierBroken
-from handlers.worker.fence import Fence
+from handlers.worker.fencing import Fence
 from handlers.worker.ports import Headers, MemorySink, MemoryTable
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.records import ConfigApplied
