@@ -96,12 +96,12 @@ MAX_CHAIN = 16
 """At most this many reads run back to back for one command (a run's request budget ends it sooner)."""
 
 DEFAULT_FRESH_READ_MS = 5000
+"""How old the fresh read a mutation depends on may be when the mutation is made (ROUTER_FRESH_READ_MS; healthy
+gaps are tens of milliseconds: docs/benchmarks.md)."""
 CONFIG_READ_DEADLINE_S = 60.0
 """How long a `ConfigApplied` marker waits for its version on the configs topic before the worker stops."""
 DEFAULT_SESSION_TIMEOUT_S = 15.0
 """The consumer group's session timeout (streams/worker/app.py): a worker silent for longer may be expelled."""
-"""How old the fresh read a mutation depends on may be when the mutation is made (ROUTER_FRESH_READ_MS; healthy
-gaps are tens of milliseconds: docs/benchmarks.md)."""
 
 
 _UNREAD = object()  # a partition_configs slot not read yet (None is a slot with no version)
@@ -507,6 +507,7 @@ class WorkerService:
         read's outcome time on the log, which is the command's issue time: every mutation is issued by folding the
         outcome of a read). Otherwise it is not made: `stale` when the run moved on, else a `stale_read` outcome,
         and the run makes the fresh read again (a reply is never re-sent: §9.7)."""
+        await self.wait_for_chatwoot()  # first: the checks below must hold when the call is made, not before a wait
         remaining_s = (command.at_ms + self.fresh_read_ms - self.now_ms()) / 1000
         reason: str | None = None
         if not await self.catch_up.wait(partition, remaining_s):
@@ -589,12 +590,16 @@ class WorkerService:
         else:
             await self.chain_reads(command, outcome, document)
 
-    async def run_command(
-        self, command: EffectCommand, document: ConfigDocument | None, unchanged_since: float | None = None
-    ) -> EffectOutcome:
+    async def wait_for_chatwoot(self) -> None:
+        """Hold here while Chatwoot's version is below the minimum or unknown (handlers/worker/chatwoot_gate.py)."""
         if not self.gate.is_open:
             self.metrics.commands_held.inc()
             await self.gate.wait()
+
+    async def run_command(
+        self, command: EffectCommand, document: ConfigDocument | None, unchanged_since: float | None = None
+    ) -> EffectOutcome:
+        await self.wait_for_chatwoot()
         started = time.monotonic()
         config = document.config if document is not None else None
         if unchanged_since is None:
