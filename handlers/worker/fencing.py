@@ -41,7 +41,8 @@ class Fence:
     """How long this worker went without running; in doubt, for good, once a gap exceeded the session timeout.
 
     The doubt is latched: after a pause, whichever runs first — a beat or a check before a write — must not erase
-    the evidence for the other. It is armed once the worker owns partitions (a slow start is no reason to stop).
+    the evidence for the other. It is armed while the worker owns partitions and folds them (not during a table
+    recovery or a rebalance: a slow recovery is no reason to stop).
     """
 
     def __init__(self, session_timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -55,6 +56,11 @@ class Fence:
         """The worker owns partitions from now on: a gap longer than the session counts."""
         self.armed = True
         self._last = self.clock()
+
+    def disarm(self) -> None:
+        """The worker owns nothing it folds right now (a rebalance, a table recovery); a doubt already latched
+        stays."""
+        self.armed = False
 
     def beat(self) -> None:
         """The worker is running now (a tick, a record)."""

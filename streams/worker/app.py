@@ -303,8 +303,6 @@ class WorkerApp:
             log.warning("partition heads unknown after assignment", extra={"error_type": type(exc).__name__})
             heads = {}
         self.service.offsets.assign(owned, starts)
-        if owned:
-            self.fence.arm()
         if conversations and not self._scope_checked:
             self._check_scope({p for _, p in conversations})
         self.service.catch_up.assign(
@@ -361,9 +359,16 @@ class WorkerApp:
         long await never looks like a pause; only a process that did not run at all (frozen, or its loop blocked,
         when its group heartbeat stopped too) leaves a gap. In doubt while owning partitions, it stops."""
         while True:
-            self.fence.beat()
-            if self.fence.in_doubt() and self.owned_partitions():
+            self.fence.beat()  # first: a pause while armed is latched before a rebalance could disarm the fence
+            if self.fence.in_doubt():
                 self.service.stop(f"{self.fence.reason()}; not writing its cache")
+            # armed while the worker owns partitions and folds them (recovered, no rebalance): a long table recovery
+            # or a rebalance is not a pause, and nothing is folded or written by the worker meanwhile
+            working = self.ready() and bool(self.owned_partitions())
+            if working and not self.fence.armed:
+                self.fence.arm()
+            elif not working and self.fence.armed:
+                self.fence.disarm()
             await asyncio.sleep(BEAT_S)
 
     async def leader_sweeps(self) -> None:

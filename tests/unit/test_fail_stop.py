@@ -201,3 +201,18 @@ async def test_a_configuration_version_that_never_appears_stops_the_worker(monke
 
 async def no_wait(seconds: float) -> None:
     return None
+
+
+def test_a_disarmed_fence_ignores_a_slow_recovery_but_keeps_a_latched_pause() -> None:
+    clock = Clock()
+    fence = Fence(15.0, clock)
+    fence.arm()
+    fence.disarm()  # a rebalance: the tables are recovered, nothing is folded
+    clock.now += 60
+    fence.beat()
+    assert not fence.in_doubt()
+    fence.arm()
+    clock.now += 20  # paused while it folded
+    fence.beat()  # the beat runs first after the pause and latches it ...
+    fence.disarm()  # ... before the rebalance the pause caused disarms the fence
+    assert fence.in_doubt()
