@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from handlers.kafka.topic_io import group_members
 from handlers.logs.audit import conversation_partition
 from streams.kafka.local import free_port
-from tests.support.kafka import group_members
 from tests.support.processes import Process
 from tests.support.stack import BILLING, Stack
 from tests.support.waiting import wait_until

@@ -1,5 +1,5 @@
-"""The real broker from a test: create a topic, count its partitions, read back everything in it, see who owns
-which partition (`group_members`)."""
+"""The real broker from a test: create a topic, count its partitions, read back everything in it (who owns which
+partition: `handlers.kafka.topic_io.group_members`)."""
 
 from __future__ import annotations
 
