@@ -32,7 +32,13 @@ CONFIG = {
 def environment(tmp_path: Path, bootstrap: str, app_id: str, config: dict[str, Any], **extra: str) -> dict[str, str]:
     path = tmp_path / "router.json"
     path.write_text(json.dumps(config))
-    defaults = {"ROUTER_DATA_DIR": str(tmp_path / "state"), "ROUTER_RETRY_BASE_MS": "100000"}
+    # no Chatwoot answers here (baseUrl port 9): the operator states its version, else the worker routes nothing
+    # and its /healthz says so (handlers/worker/chatwoot_gate.py)
+    defaults = {
+        "ROUTER_DATA_DIR": str(tmp_path / "state"),
+        "ROUTER_RETRY_BASE_MS": "100000",
+        "ROUTER_CHATWOOT_VERSION": "4.18.0",
+    }
     return router_env(path, bootstrap, app_id, **{**defaults, **extra})
 
 
