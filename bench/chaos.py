@@ -653,6 +653,10 @@ class Chaos:
         for n, at in enumerate(times, 1):
             await self.sleep_until(base + at)
             victim = self.rng.choice(self.workers)
+            # a worker that folds what it owns (healthy for a moment: its fence is armed), not one still starting
+            if not await wait_for(lambda v=victim: self.healthy(v), 30, every_s=0.5):
+                continue
+            await asyncio.sleep(1.5)
             pid = victim.pid
             if pid is None or not victim.alive():
                 continue
@@ -664,6 +668,7 @@ class Chaos:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
                 self.note(f"resumed {n}/{self.o.pauses}", process=victim.name, pid=pid)
+                await asyncio.sleep(5.0)  # it wakes and runs before the next pause (which may be due already)
 
     async def broker_loop(self) -> None:
         if self.o.broker_restarts == 0:
