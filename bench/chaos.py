@@ -22,10 +22,10 @@ with its own RocksDB directory, on topics of `--partitions` partitions. Then, ov
 - `--slow-broker-ms` puts a proxy that delays every byte between the clients and the broker (a slow leader).
 
 Meanwhile it SIGKILLs a random worker (sometimes the ingress) `--kills` times, each restarted 0.1-2 s later,
-freezes a random worker `--pauses` times for 20-40 s (SIGSTOP, then SIGCONT: longer than its 15 s session, so the
-group gives its partitions away while it sleeps), and stops the broker `--broker-restarts` times (SIGTERM and
-SIGKILL alternately, restarted on the same data
-dir 1-4 s later). A process that exits by itself is restarted too, and reported.
+freezes a random healthy worker `--pauses` times for 20-40 s (SIGSTOP, then SIGCONT: longer than its 15 s session,
+so the group gives its partitions away while it sleeps; it must fence itself when it wakes), and stops the broker
+`--broker-restarts` times (SIGTERM and SIGKILL alternately, restarted on the same data dir 1-4 s later).
+A process that exits by itself is restarted too, and reported.
 
 Then it settles (every process up and healthy, webhooks delivered, no API call for a while), requests an
 operator sweep (`chatwoot-router sweep`), waits until every conversation ended and every record is folded
