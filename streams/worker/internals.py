@@ -8,7 +8,9 @@
   barrier awaits and whose record the worker stamps with its generation (`streams/worker/tables.py`, which
   keeps Faust's `_on_changelog_sent` callback);
 - the consumer's `_commit_offsets(offsets, start_new_transaction)` is where the commit protocol runs, and the
-  consumer thread's `_create_worker_consumer` where the fetch long-poll is set (`streams/worker/transport.py`).
+  consumer thread's `_create_worker_consumer` where the fetch long-poll is set (`streams/worker/transport.py`);
+- `_new_offset` compares the acked records with `_committed_offset`, which the transport sets to Faust's own
+  offset when the commit protocol commits a lower one (else Faust would see a gap and never commit again).
 
 `check_scoped_write` is the behaviour test behind the second point, on the worker's own table once it owns
 partitions: a key written inside `scope(p)` goes to partition p.
@@ -52,6 +54,9 @@ def check_internals() -> None:
         raise InternalsChanged("faust's Table has no _on_changelog_sent")
     if _parameters(faust_aiokafka.Consumer._commit_offsets) != ["self", "offsets", "start_new_transaction"]:
         raise InternalsChanged("faust's Consumer._commit_offsets is not (offsets, start_new_transaction)")
+    new_offset = inspect.getsource(faust_aiokafka.Consumer._new_offset)
+    if "self._committed_offset[tp]" not in new_offset or "min(acked) - committed_offset > 1" not in new_offset:
+        raise InternalsChanged("faust's Consumer._new_offset no longer checks acked records against _committed_offset")
     if not hasattr(faust_aiokafka.AIOKafkaConsumerThread, "_create_worker_consumer"):
         raise InternalsChanged("faust's AIOKafkaConsumerThread has no _create_worker_consumer")
 

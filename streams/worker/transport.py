@@ -64,11 +64,21 @@ class Consumer(faust_aiokafka.Consumer):
         `offsets` were taken from the acknowledged records before this runs, so everything the hook writes
         covers at least the records below them."""
         hook = _pre_commit.get(self.app)
-        if hook is not None:
-            offsets = await hook(offsets)
-            if not offsets:
-                return False
-        return await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
+        if hook is None:
+            return await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
+        allowed = await hook(offsets)
+        did_commit = (
+            await super()._commit_offsets(allowed, start_new_transaction=start_new_transaction) if allowed else False
+        )
+        # Faust took these offsets' records off its acked list before this ran (`_new_offset`); if it kept the lower
+        # offset the hook allowed as its committed one, the next acked record would look like a gap at the head
+        # and Faust would never commit the partition again. So Faust keeps its own offset as committed, while the
+        # group holds the lower one: a restart folds from there, and later commits move it on.
+        assignment = self.assignment()
+        held_back = {tp: offset for tp, offset in offsets.items() if allowed.get(tp) != offset and tp in assignment}
+        if held_back:
+            self._committed_offset.update(held_back)
+        return did_commit
 
 
 class Transport(faust_aiokafka.Transport):

@@ -1,0 +1,97 @@
+"""The commit protocol against Faust's own consumer bookkeeping (issue 34): Faust's `_filter_committable_offsets`
+and `_commit_offsets` run for real, only the broker call is replaced. When the worker commits less than Faust asked
+(it acked records the service never folded), Faust must go on committing that partition afterwards.
+
+Shown to fail without `streams/worker/transport.py` keeping Faust's own offset as its committed one: Faust's
+`_new_offset` then saw a gap at the head of its acked records and never committed the partition again (a kill loop
+in CI found it: 304 records whose states never reached the changelog)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from types import SimpleNamespace
+from typing import Any
+
+from faust.types import TP
+from intervaltree import IntervalTree
+
+from streams.worker import transport
+
+T = TP("router.conversations", 0)
+
+
+class _Log:
+    """Faust's service logger, silent (its `dev` and `info` lines); `flight_recorder` needs `log` too."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.committed: list[dict[Any, int]] = []
+
+
+def consumer_with(expected: list[int]) -> tuple[Any, Recorder]:
+    """A transport consumer with Faust's real bookkeeping; the hook clamps to `expected.pop(0)` each commit."""
+    consumer = transport.Consumer.__new__(transport.Consumer)  # nothing of it is started
+    recorder = Recorder()
+
+    async def commit(offsets: Any) -> bool:
+        recorder.committed.append(dict(offsets))
+        return True
+
+    async def flush() -> None:
+        return None
+
+    class App:  # the parts of Faust's app its `_commit_offsets` calls (a class: the hook registry is weak)
+        producer = SimpleNamespace(flush=flush)
+        tables = SimpleNamespace(on_commit=lambda offsets: None)
+        monitor = SimpleNamespace(on_tp_commit=lambda offsets: None)
+
+    app = App()
+    for name, value in {
+        "app": app,
+        "_acked": defaultdict(list),
+        "_acked_index": defaultdict(set),
+        "_committed_offset": defaultdict(lambda: None),
+        "_gap": defaultdict(IntervalTree),
+        "_commit": commit,
+        "assignment": lambda: {T},
+        "in_transaction": False,
+        "log": _Log(),
+    }.items():
+        object.__setattr__(consumer, name, value)
+
+    async def hook(offsets: Any) -> Any:
+        limit = expected.pop(0)
+        return {tp: min(offset, limit) for tp, offset in offsets.items()}
+
+    transport.set_pre_commit(app, hook)
+    return consumer, recorder
+
+
+def ack(consumer: Any, *offsets: int) -> None:
+    for offset in offsets:
+        consumer._acked[T].append(offset)
+        consumer._acked_index[T].add(offset)
+
+
+async def commit_round(consumer: Any) -> bool:
+    committable = consumer._filter_committable_offsets([T])  # Faust's own: takes the acked records off its list
+    if not committable:
+        return False
+    return bool(await consumer._commit_offsets(committable))
+
+
+async def test_a_clamped_commit_does_not_stop_faust_from_committing_the_partition_again() -> None:
+    consumer, recorder = consumer_with(expected=[3, 10, 12])
+    ack(consumer, 0, 1, 2, 3, 4)  # Faust acked 0-4; the service folded only 0-2 (next expected: 3)
+    assert await commit_round(consumer)
+    assert recorder.committed == [{T: 3}]  # not 5: records 3 and 4 were never folded
+    ack(consumer, 5, 6, 7, 8, 9)  # later records; the service caught up (the gap reader folded 3 and 4)
+    assert await commit_round(consumer), "Faust saw a gap at the head of its acked records and stopped committing"
+    assert recorder.committed[-1] == {T: 10}
+    ack(consumer, 10, 11)
+    assert await commit_round(consumer)
+    assert recorder.committed[-1] == {T: 12}
