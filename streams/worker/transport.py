@@ -74,10 +74,10 @@ class Consumer(faust_aiokafka.Consumer):
         # offset the hook allowed as its committed one, the next acked record would look like a gap at the head
         # and Faust would never commit the partition again. So Faust keeps its own offset as committed, while the
         # group holds the lower one: a restart folds from there, and later commits move it on.
-        assignment = self.assignment()
-        held_back = {tp: offset for tp, offset in offsets.items() if allowed.get(tp) != offset and tp in assignment}
+        held_back = {tp: offset for tp, offset in offsets.items() if allowed.get(tp) != offset}
         if held_back:
-            self._committed_offset.update(held_back)
+            assignment = self.assignment()
+            self._committed_offset.update({tp: offset for tp, offset in held_back.items() if tp in assignment})
         return did_commit
 
 
