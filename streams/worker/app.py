@@ -284,7 +284,7 @@ class WorkerApp:
             dropped = await self.service.lanes.cancel(lambda lane: partition_for(lane, partitions) in gone)
             if dropped:
                 log.warning("effects of revoked partitions cancelled", extra={"dropped": dropped})
-            await self.service.sink.flush()
+            await self.service.commit_cache()  # the barrier: outcomes of the drained effects acknowledged, or stop
 
     async def _on_assigned(self, sender: Any, assigned: Any, **kwargs: Any) -> None:
         """A rebalance ended: learn where each owned source partition resumes (committed offset or log start)."""
