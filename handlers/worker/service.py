@@ -181,7 +181,12 @@ class WorkerService:
         self.max_chain = max_chain
         self.fresh_read_ms = fresh_read_ms
         self.offsets = OffsetTracker()
+        self._clamps_logged: dict[tuple[str, int], int | None] = {}  # partition -> held-back offset last logged
         self.catch_up = CatchUp()
+        # cleared while an assignment's starting offsets are looked up (streams/worker/app.py): a record folded
+        # before them would be folded untracked, and the lookup's result would then move it back
+        self.assignment_known = asyncio.Event()
+        self.assignment_known.set()
         self._versions: dict[str, Any] = {}  # partition_configs slot -> version, as read (document_in_force)
         self._handlers: dict[str, Handler] = {
             "router": self.on_conversation_record,
@@ -193,6 +198,8 @@ class WorkerService:
 
     async def on_record(self, agent: str, record: SourceRecord) -> None:
         """The whole of an agent's work for one record of its topic."""
+        if not self.assignment_known.is_set():
+            await self.assignment_known.wait()
         await self.in_order(agent, record, self._handlers[agent])
 
     async def in_order(self, agent: str, record: SourceRecord, handler: Handler) -> None:
@@ -293,13 +300,23 @@ class WorkerService:
                 committable[tp] = offset
                 continue
             expected = self.offsets.expected(key)
+            if expected is None or offset > expected:
+                self._report_clamp(key, offset, expected)
             if expected is None:
-                self.metrics.commits_clamped.labels(key[0]).inc()
                 continue  # nothing folded here yet: Faust's offset covers records no agent folded
-            if offset > expected:
-                self.metrics.commits_clamped.labels(key[0]).inc()
             committable[tp] = min(offset, expected)
         return committable
+
+    def _report_clamp(self, key: tuple[str, int], offset: int, expected: int | None) -> None:
+        """Count a commit held back; log it once per partition and held-back offset (it repeats at every commit
+        until the worker has folded up to Faust's offset)."""
+        self.metrics.commits_clamped.labels(key[0]).inc()
+        if self._clamps_logged.get(key) != expected:
+            self._clamps_logged[key] = expected
+            log.info(
+                "offset commit held back to the last record folded",
+                extra={"topic": key[0], "partition": key[1], "offset": offset, "expected": expected},
+            )
 
     def check_fence(self, what: str) -> None:
         """Stop before `what` when the worker may have lost its partitions (handlers/worker/fencing.py)."""

@@ -287,7 +287,18 @@ class WorkerApp:
             await self.service.commit_cache()  # the barrier: outcomes of the drained effects acknowledged, or stop
 
     async def _on_assigned(self, sender: Any, assigned: Any, **kwargs: Any) -> None:
-        """A rebalance ended: learn where each owned source partition resumes (committed offset or log start)."""
+        """A rebalance ended: learn where each owned source partition resumes (committed offset or log start).
+
+        Records wait until it is known (`assignment_known`): Faust may resume the streams while the lookup runs,
+        and a record folded before it would be counted from the wrong start (then fetched and folded again, and
+        its offset held back from the commit until then)."""
+        self.service.assignment_known.clear()
+        try:
+            await self._learn_assignment(assigned)
+        finally:
+            self.service.assignment_known.set()
+
+    async def _learn_assignment(self, assigned: Any) -> None:
         sources = self._source_topics()
         owned = [(tp.topic, tp.partition) for tp in assigned if tp.topic in sources]
         self.service.forget_states()

@@ -54,8 +54,26 @@ def set_pre_commit(app: Any, hook: PreCommit) -> None:
 
 
 class Consumer(faust_aiokafka.Consumer):
+    # partition -> Faust's offset the hook held back at the last commit: committed at every commit until the hook
+    # allows it, even when no record is acked there in the meantime (a quiet partition would otherwise keep the
+    # group's lower offset, and a restart would fold its records again)
+    def _owed(self) -> dict[TP, int]:
+        return self.__dict__.setdefault("_owed_offsets", {})
+
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    def _filter_committable_offsets(self, tps: Any) -> dict[TP, int]:
+        """Faust's offsets to commit, plus those held back before on partitions still assigned to this consumer."""
+        offsets = dict(super()._filter_committable_offsets(tps))
+        owed = self._owed()
+        if owed:
+            assignment = self.assignment()
+            for tp in [tp for tp in owed if tp not in assignment]:
+                del owed[tp]  # revoked: its next owner folds from the group's offset
+            for tp, offset in owed.items():
+                offsets.setdefault(tp, offset)
+        return offsets
 
     async def _commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
         """The worker's hook first (write the cache, wait at the barrier, clamp the offsets to what was folded);
@@ -73,11 +91,17 @@ class Consumer(faust_aiokafka.Consumer):
         # Faust took these offsets' records off its acked list before this ran (`_new_offset`); if it kept the lower
         # offset the hook allowed as its committed one, the next acked record would look like a gap at the head
         # and Faust would never commit the partition again. So Faust keeps its own offset as committed, while the
-        # group holds the lower one: a restart folds from there, and later commits move it on.
+        # group holds the lower one until a later commit (`_owed`) moves it on.
+        owed = self._owed()
         held_back = {tp: offset for tp, offset in offsets.items() if allowed.get(tp) != offset}
+        for tp in offsets:
+            if tp not in held_back:
+                owed.pop(tp, None)
         if held_back:
             assignment = self.assignment()
-            self._committed_offset.update({tp: offset for tp, offset in held_back.items() if tp in assignment})
+            held_back = {tp: offset for tp, offset in held_back.items() if tp in assignment}
+            self._committed_offset.update(held_back)
+            owed.update(held_back)
         return did_commit
 
 

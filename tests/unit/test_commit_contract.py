@@ -95,3 +95,28 @@ async def test_a_clamped_commit_does_not_stop_faust_from_committing_the_partitio
     ack(consumer, 10, 11)
     assert await commit_round(consumer)
     assert recorder.committed[-1] == {T: 12}
+
+
+async def test_a_held_back_offset_is_committed_later_even_when_nothing_more_arrives() -> None:
+    """A quiet partition: Faust acked 0-4 while the service had folded 0-2; no record comes after. The group's
+    offset must still reach 5 once the service has folded 3 and 4, or a restart folds them again and a test (or an
+    operator) waiting for the group to pass the conversation's last record waits for ever."""
+    consumer, recorder = consumer_with(expected=[3, 3, 5])
+    ack(consumer, 0, 1, 2, 3, 4)
+    assert await commit_round(consumer)
+    assert recorder.committed == [{T: 3}]
+    await commit_round(consumer)  # still folding 3: held back again
+    assert recorder.committed[-1] == {T: 3}
+    assert await commit_round(consumer), "the held-back offset was never committed"
+    assert recorder.committed[-1] == {T: 5}
+    assert not await commit_round(consumer)  # owed nothing more: no commit
+    assert len(recorder.committed) == 3
+
+
+async def test_an_offset_held_back_on_a_revoked_partition_is_not_committed() -> None:
+    consumer, recorder = consumer_with(expected=[3, 5])
+    ack(consumer, 0, 1, 2, 3, 4)
+    assert await commit_round(consumer)
+    object.__setattr__(consumer, "assignment", lambda: set())  # the partition moved to another worker
+    assert not await commit_round(consumer)
+    assert recorder.committed == [{T: 3}]
