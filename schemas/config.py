@@ -532,6 +532,11 @@ class RouterEnv(BaseModel):
     chatwoot_version: Annotated[str, AfterValidator(_chatwoot_version)] | None = Field(
         None, alias="ROUTER_CHATWOOT_VERSION"
     )
+    # the requests a minute the workers together make to Chatwoot, below its per-IP limit (RACK_ATTACK_LIMIT,
+    # 3,000 by default); each worker takes its share of the partitions (handlers/clients/budget.py)
+    chatwoot_requests_per_min: Annotated[int, _env_int(10, 1_000_000)] = Field(
+        2400, alias="ROUTER_CHATWOOT_REQUESTS_PER_MIN"
+    )
     chatwoot_token: str | None = Field(None, alias="CHATWOOT_TOKEN", repr=False)
     agent_bot_tokens: str | None = Field(None, alias="CHATWOOT_AGENT_BOT_TOKENS", repr=False)
     agent_bot_secrets: str | None = Field(None, alias="CHATWOOT_AGENT_BOT_SECRETS", repr=False)

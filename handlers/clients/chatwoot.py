@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from handlers.clients.budget import RequestBudget, budget_for
 from handlers.clients.http_client import new_http_client
 from schemas.chatwoot import (
     Agent,
@@ -78,6 +79,15 @@ class ChatwootInvalidResponse(ChatwootError):
         super().__init__(operation, status, f"Chatwoot {operation} returned {reason}")
 
 
+class ChatwootThrottled(ChatwootError):
+    """A mutation Chatwoot refused with 429 (its rate limit): it was not made, and may be made once the pause ends.
+
+    Reads are never raised as this: they wait out the pause and are made again (a read twice is harmless)."""
+
+    def __init__(self, operation: str) -> None:
+        super().__init__(operation, 429, f"Chatwoot {operation} throttled (HTTP 429)")
+
+
 class ChatwootForeignBot(ChatwootInvalidResponse):
     """The inbox is linked to a system bot or another account's bot: the router must not act (Decisions 9)."""
 
@@ -86,10 +96,12 @@ class ChatwootForeignBot(ChatwootInvalidResponse):
 
 
 class ChatwootClient:
-    """Calls Chatwoot for one installation; `requests` counts the HTTP requests this instance made.
+    """Calls Chatwoot for one installation; `requests` counts the HTTP requests this instance made that Chatwoot
+    served (a 429 is not counted: the request was refused, and the run's budget of §4.6 is for answers).
 
     Use `metered()` for a view that shares the connection pool but counts on its own, so one executor lane
-    can charge exactly its own requests to its run's budget.
+    can charge exactly its own requests to its run's budget. Every request first waits for the installation's
+    request budget (handlers/clients/budget.py), in turn with the other conversations' requests.
     """
 
     def __init__(
@@ -101,8 +113,12 @@ class ChatwootClient:
         http: httpx.AsyncClient | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout_s: float = TIMEOUT_S,
+        budget: RequestBudget | None = None,
     ) -> None:
         self._base = base_url.rstrip("/")
+        self._budget = budget
+        self.lane = ""  # whose turn a waiting request takes in the budget's line (a conversation key)
+        self._prepaid = 0.0
         self._user_token = user_token
         self._bot_tokens = dict(bot_tokens)
         self._http = http or new_http_client(transport)
@@ -110,13 +126,33 @@ class ChatwootClient:
         self._timeout_s = timeout_s
         self.requests = 0
 
-    def metered(self) -> ChatwootClient:
-        """A client sharing this one's connections and tokens, with its own request counter at 0."""
+    def metered(self, lane: str = "") -> ChatwootClient:
+        """A client sharing this one's connections, tokens and budget, with its own request counter at 0, waiting
+        for the budget in `lane`'s turn."""
         view = object.__new__(ChatwootClient)
         view.__dict__.update(self.__dict__)
         view._owns_http = False
         view.requests = 0
+        view.lane = lane
+        view._prepaid = 0.0
         return view
+
+    def budget(self) -> RequestBudget:
+        """The installation's request budget (shared by every client of it in this event loop)."""
+        if self._budget is None:
+            self._budget = budget_for(self._base)
+        return self._budget
+
+    async def reserve(self, n: int) -> None:
+        """Wait for `n` requests' tokens at once, for requests that must follow each other closely (a mutation
+        right after the read it depends on): the budget does not come between them."""
+        await self.budget().take(self.lane, n)
+        self._prepaid += n
+
+    async def until_unpaused(self) -> None:
+        """Wait until a pause after a 429 has ended."""
+        while (pause := self.budget().paused_for_s) > 0:
+            await asyncio.sleep(pause)
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -146,26 +182,44 @@ class ChatwootClient:
         params: Mapping[str, str | int] | None = None,
         json: Any = None,
     ) -> httpx.Response:
-        """One request with the common rules of §10.1; returns a 2xx response with its body read."""
-        self.requests += 1
+        """One request with the common rules of §10.1; returns a 2xx response with its body read.
+
+        A 429 pauses the installation's budget; a read then waits and is made again, a mutation raises
+        `ChatwootThrottled` (the caller decides whether its fresh read still holds)."""
         # `Api-Access-Token`, not `api_access_token`: Chatwoot reads both, and a default nginx in front of it drops
         # header names with underscores (chatwoot-api.md §8)
         headers = {"Api-Access-Token": token, "accept": "application/json"}
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                response = await self._http.request(
-                    method,
-                    self._base + path,
-                    params=params,
-                    json=json,
-                    headers=headers,
-                    follow_redirects=False,
-                    timeout=self._timeout_s,
-                )
-        except (TimeoutError, httpx.TimeoutException):
-            raise ChatwootTimeout(operation) from None
-        except httpx.HTTPError:
-            raise ChatwootNetworkError(operation) from None
+        budget = self.budget()
+        while True:
+            if self._prepaid >= 1:
+                self._prepaid -= 1
+            else:
+                await budget.take(self.lane)
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    response = await self._http.request(
+                        method,
+                        self._base + path,
+                        params=params,
+                        json=json,
+                        headers=headers,
+                        follow_redirects=False,
+                        timeout=self._timeout_s,
+                    )
+            except (TimeoutError, httpx.TimeoutException):
+                self.requests += 1
+                raise ChatwootTimeout(operation) from None
+            except httpx.HTTPError:
+                self.requests += 1
+                raise ChatwootNetworkError(operation) from None
+            if response.status_code != 429:
+                break
+            pause = budget.throttled(response.headers.get("retry-after"))
+            log.info("Chatwoot throttled a request", extra={"operation": operation, "pause_s": round(pause, 1)})
+            if method != "GET":
+                raise ChatwootThrottled(operation)
+        self.requests += 1
+        budget.answered()
         if 200 <= response.status_code < 300:
             return response
         if response.status_code == 404 and "application/json" in response.headers.get("content-type", ""):

@@ -27,12 +27,14 @@ from handlers.clients.chatwoot import (
     ChatwootError,
     ChatwootForeignBot,
     ChatwootInvalidResponse,
+    ChatwootThrottled,
     ChatwootTimeout,
     ConversationMissing,
 )
 from handlers.clients.http_client import new_http_client
 from handlers.clients.systemone import JevHTTPError, JevTimeout, SystemOneClient
 from projections.jev import JevError, build_request
+from projections.jobs import command_deadline
 from projections.redaction import email_domain
 from projections.turn import ReplyHistoryScan, TurnPager, message_view
 from schemas.chatwoot import Conversation, Message
@@ -74,6 +76,7 @@ from schemas.records import (
 log = logging.getLogger(__name__)
 
 DECIDE_MEMO_SIZE = 1024
+THROTTLE_MARGIN_MS = 5_000
 
 
 class _BadCommand(Exception):
@@ -196,6 +199,7 @@ class EffectExecutor:
             self._config.routing.endpoint, secrets.typesafe_api_key, http=http, timeout_s=timeout_s
         )
         self._memo_size = decide_memo_size
+        self._request_timeout_s = timeout_s
         self._decided: OrderedDict[str, EffectOutcome] = OrderedDict()
         self._deciding: dict[str, asyncio.Future[EffectOutcome]] = {}
 
@@ -270,18 +274,30 @@ class EffectExecutor:
     async def _run(
         self, command: EffectCommand, config: RouterConfig, unchanged_since: float | None = None
     ) -> EffectOutcome:
-        chatwoot = self._chatwoot.metered()  # counts this command's requests only, even with lanes in parallel
+        chatwoot = self._chatwoot.metered(command.key)  # counts this command's requests only, waits in its turn
         counter = _JevCount()
         result: OutcomeResult | None = None
         error: EffectError | None = None
         check = unchanged_since is not None and command.op in MUTATIONS
         try:
-            if check and unchanged_since is not None:
-                await self._unchanged_since(command, chatwoot, unchanged_since)
-            result = await self._dispatch(command, chatwoot, counter, config)
+            while True:
+                try:
+                    result = await self._mutate_or_read(command, chatwoot, counter, config, check, unchanged_since)
+                    break
+                except ChatwootThrottled:
+                    # refused by the rate limit, so not made: again after the pause, from the read before it
+                    if not self._time_to_retry(command, chatwoot.budget().paused_for_s):
+                        raise
+                    await chatwoot.until_unpaused()
+                    # the attempt made again is charged, not the one the rate limit refused (throttling alone
+                    # must never exhaust a run's budget of §4.6 and hand it off)
+                    chatwoot.requests = 0
             made = chatwoot.requests + counter.requests
             if made > command.params.max_requests:  # the fold budgeted and timed the command by its bound
                 raise _OverBudget(f"{command.op} made {made} requests, declares at most {command.params.max_requests}")
+        except ChatwootThrottled:
+            # throttled until its deadline was near: not made, and the run reads again (never a failure, §4.5)
+            error = EffectError(kind="stale_read", reason="throttled by Chatwoot's rate limit")
         except _ChangedSinceRead:
             error = EffectError(kind="stale_read", reason="changed since the fresh read")
         except _ReadBeforeFailed as exc:
@@ -307,6 +323,26 @@ class EffectExecutor:
             error=error,
             requests=chatwoot.requests + counter.requests,
         )
+
+    async def _mutate_or_read(
+        self,
+        command: EffectCommand,
+        chatwoot: ChatwootClient,
+        counter: _JevCount,
+        config: RouterConfig,
+        check: bool,
+        unchanged_since: float | None,
+    ) -> OutcomeResult:
+        if check and unchanged_since is not None:
+            await chatwoot.reserve(2)  # the read and the mutation right after it: the budget never between them
+            await self._unchanged_since(command, chatwoot, unchanged_since)
+        return await self._dispatch(command, chatwoot, counter, config)
+
+    def _time_to_retry(self, command: EffectCommand, pause_s: float) -> bool:
+        """Whether a throttled mutation can wait out the pause and still be answered before the run's deadline for
+        it (after which the fold would take it as lost): the pause plus a full request timeout, with a margin."""
+        deadline = command_deadline(command.at_ms, command.params.max_requests)
+        return self._now_ms() + (pause_s + self._request_timeout_s) * 1000 + THROTTLE_MARGIN_MS < deadline
 
     @staticmethod
     async def _unchanged_since(command: EffectCommand, chatwoot: ChatwootClient, since: float) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from handlers.clients.budget import RequestBudget
 from projections.guard import STUCK_AFTER_FAILURES
 from schemas.records import EffectOutcome, TurnOutcome
 
@@ -142,6 +143,28 @@ class WorkerMetrics:
         self.consumer_lag = Gauge(
             "router_consumer_lag", "records not yet consumed, summed over owned partitions", ["topic"], registry=r
         )
+        # Chatwoot's rate limit (handlers/clients/budget.py): read from the budget when scraped
+        self.chatwoot_rate = Gauge(
+            "router_chatwoot_requests_per_min", "this worker's share of the Chatwoot request budget", registry=r
+        )
+        self.chatwoot_throttled = Gauge(
+            "router_chatwoot_throttled_total", "429 answers from Chatwoot (its rate limit) since start", registry=r
+        )
+        self.chatwoot_throttle_wait = Gauge(
+            "router_chatwoot_budget_wait_seconds_total",
+            "seconds Chatwoot requests waited for the request budget since start, summed over requests",
+            registry=r,
+        )
+        self.chatwoot_paused = Gauge(
+            "router_chatwoot_paused_seconds", "seconds left of the pause after Chatwoot's last 429", registry=r
+        )
+
+    def watch_budget(self, budget: RequestBudget) -> None:
+        """Serve the Chatwoot budget's figures (it keeps them; the metrics read them when scraped)."""
+        self.chatwoot_rate.set_function(lambda: budget.stats.per_minute)
+        self.chatwoot_throttled.set_function(lambda: budget.stats.throttled)
+        self.chatwoot_throttle_wait.set_function(lambda: budget.stats.waited_s)
+        self.chatwoot_paused.set_function(lambda: budget.paused_for_s)
 
     def stuck_keys(self) -> dict[str, str]:
         """The conversations currently counted as stuck, with their last failure reason."""

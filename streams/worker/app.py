@@ -33,6 +33,7 @@ from typing import Any, cast
 import faust
 from faust.web import Request, Response, View
 
+from handlers.clients.budget import budget_for
 from handlers.clients.chatwoot import ChatwootClient
 from handlers.kafka.cluster_probe import ClusterProbe
 from handlers.kafka.config_store import read_book
@@ -47,6 +48,7 @@ from handlers.worker.partition_reader import PartitionReader
 from handlers.worker.ports import Executor
 from handlers.worker.service import WorkerService, WorkerTables, wall_clock_ms
 from projections.worker.offsets import TailWatch
+from projections.worker.throttle import worker_rate
 from schemas.config import Settings
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.keys import partition_for
@@ -162,6 +164,7 @@ class WorkerApp:
         self._scope_checked = False
         states, sweep_states, timers, effect_attempts, partition_configs = (FaustTable(tables[n]) for n in TABLES)
         chatwoot_url = settings.config.chatwoot.base_url
+        self._chatwoot_api = settings.config.chatwoot.api_base
         self.version_client = ChatwootClient(chatwoot_url, "", {})  # GET /api needs no token
         self.gate = ChatwootGate(
             chatwoot_url,
@@ -314,6 +317,7 @@ class WorkerApp:
             log.warning("partition heads unknown after assignment", extra={"error_type": type(exc).__name__})
             heads = {}
         self.service.offsets.assign(owned, starts)
+        self._share_chatwoot_budget(len(conversations))
         if conversations and not self._scope_checked:
             self._check_scope({p for _, p in conversations})
         self.service.catch_up.assign(
@@ -325,6 +329,12 @@ class WorkerApp:
             self._heads_lookup.cancel()
         if self.service.catch_up.unknown():
             self._heads_lookup = asyncio.ensure_future(self._look_up_heads_again(conversations))
+
+    def _share_chatwoot_budget(self, owned: int) -> None:
+        """This worker's share of the Chatwoot request budget: its share of the partitions (issue 30)."""
+        budget = budget_for(self._chatwoot_api)
+        budget.set_rate(worker_rate(self.env.chatwoot_requests_per_min, owned, self.env.partitions))
+        self.metrics.watch_budget(budget)
 
     def _check_scope(self, partitions: set[int]) -> None:
         """Once, on the first partitions owned: a write in the write cache's partition scope lands there."""

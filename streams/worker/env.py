@@ -31,6 +31,7 @@ class WorkerEnv:
     log_retention_ms: int | None = None  # ROUTER_LOG_RETENTION_MS: None keeps the event log forever
     commit_interval_ms: int = 2800  # ROUTER_COMMIT_INTERVAL_MS: write cache and offsets at least this often
     chatwoot_version: str | None = None  # ROUTER_CHATWOOT_VERSION: stated when a proxy hides GET /api
+    chatwoot_requests_per_min: int = 2400  # ROUTER_CHATWOOT_REQUESTS_PER_MIN: the group's, split by partitions
 
     def topic(self, name: str) -> str:
         """`<app>.<name>`: conversations, effects, sweeps, dlq."""
@@ -50,6 +51,7 @@ class WorkerEnv:
             log_retention_ms=env.log_retention_ms,
             commit_interval_ms=env.commit_interval_ms,
             chatwoot_version=env.chatwoot_version,
+            chatwoot_requests_per_min=env.chatwoot_requests_per_min,
         )
 
 
