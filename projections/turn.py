@@ -176,13 +176,16 @@ def message_view(message: Message, *, name: str | None, email: str | None) -> Me
     activity = attributes.activity if attributes is not None else None
     mail = attributes.email if attributes is not None else None
     sender = message.sender
+    sender_type = sender.type if sender is not None else None
+    if sender_type is None and attributes is not None and attributes.external_echo is True:
+        sender_type = "user"  # Decisions 12: a person's reply from the phone app, echoed without a sender
     return MessageView(
         id=message.id,
         message_type=message.message_type,
         private=message.private,
         status=message.status,
         created_at=message.created_at,
-        sender_type=sender.type if sender is not None else None,
+        sender_type=sender_type,
         sender_id=sender.id if sender is not None else None,
         deleted=bool(attributes is not None and attributes.deleted),
         auto_reply=bool(mail is not None and mail.auto_reply),

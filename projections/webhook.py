@@ -144,6 +144,24 @@ def extract_target(document: Any) -> Target | None:
     return None
 
 
+def conversation_of(document: Any) -> tuple[int, int, str] | None:
+    """(account id, conversation id, event) of any webhook that names a conversation, relevant or not: what an
+    operator needs to find the conversation of a refused body (Chatwoot opens it instead). Ids only."""
+    if not isinstance(document, dict):
+        return None
+    event = document.get("event")
+    account = document.get("account")
+    conversation = document.get("conversation")
+    account_id = account.get("id") if isinstance(account, dict) else None
+    if isinstance(conversation, dict):
+        conversation_id = conversation.get("id")
+    else:
+        conversation_id = document.get("id") if event in CONVERSATION_EVENTS else None
+    if not isinstance(account_id, int) or not isinstance(conversation_id, int) or not isinstance(event, str):
+        return None
+    return account_id, conversation_id, event
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # Python's json accepts NaN/Infinity; JSON (and Chatwoot) do not
 

@@ -68,6 +68,9 @@ class ContentAttributes(_Model):
     email: EmailAttributes | None = None
     deleted: StrictBool | None = None
     activity: Activity | None = None
+    external_echo: Lenient[StrictBool] = None
+    """A WhatsApp/Instagram reply a person sent from the phone app, echoed into Chatwoot without a sender
+    (docs/decisions.md, Decisions 12); lenient: a malformed value must not hide `activity` or `deleted`."""
 
 
 class MessageSender(_Model):

@@ -33,7 +33,15 @@ from handlers.ingress.connections import DEFAULT_READ_TIMEOUT_S, ConnectionGuard
 from handlers.ingress.producer_health import ProbeClient, breaks_producer, topic_min_isr, writable_now
 from handlers.kafka.topics import ensure_topics
 from handlers.logging_setup import log_line
-from projections.webhook import MAX_BODY_BYTES, TIMESTAMP_TOLERANCE_S, Outcome, evaluate
+from projections.webhook import (
+    MAX_BODY_BYTES,
+    TIMESTAMP_TOLERANCE_S,
+    Outcome,
+    conversation_of,
+    evaluate,
+    parse_json,
+    signing_account,
+)
 from schemas.config import ConfigError, RouterEnv, Settings, load_settings, read_env
 from schemas.records import WebhookReceived
 
@@ -489,7 +497,14 @@ async def _respond_and_close(request: web.Request, outcome: str) -> web.Response
 
 
 class _BodyTooLarge(Exception):
-    pass
+    def __init__(self, head: bytes = b"") -> None:
+        super().__init__("body too large")
+        self.head = head
+
+
+OVERSIZE_READ_BYTES = 8 * 1024 * 1024
+"""How much of a refused body the door still reads to name its conversation in the log (a large HTML e-mail is
+about 3 MiB); a bigger one is refused without a name."""
 
 
 async def _read_limited(request: web.Request, limit: int) -> bytes:
@@ -500,8 +515,37 @@ async def _read_limited(request: web.Request, limit: int) -> bytes:
     while chunk := await request.content.readany():
         body += chunk
         if len(body) > limit:
-            raise _BodyTooLarge
+            raise _BodyTooLarge(bytes(body))
     return bytes(body)
+
+
+async def _log_refused_body(request: web.Request, head: bytes, deadline: float | None) -> None:
+    """Log which conversation a refused (413) body was about, so an operator can find the conversation Chatwoot
+    opens instead (Decisions 1): its ids, event, size and whether it was signed, never its content."""
+    fields: dict[str, Any] = {"outcome": "payload_too_large", "bytes": request.content_length or len(head)}
+    body = bytearray(head)
+    try:
+        if request.content_length is None or request.content_length <= OVERSIZE_READ_BYTES:
+            async with asyncio.timeout_at(deadline):
+                while len(body) <= OVERSIZE_READ_BYTES and (chunk := await request.content.readany()):
+                    body += chunk
+        fields["bytes"] = max(fields["bytes"], len(body))
+        named = conversation_of(parse_json(bytes(body))) if len(body) <= OVERSIZE_READ_BYTES else None
+    except Exception:  # too slow, unreadable, not JSON: refused all the same, without a name
+        named = None
+    if named is not None:
+        account_id, conversation_id, event = named
+        fields.update(account_id=account_id, conversation_id=conversation_id, event=event)
+        headers = request.headers
+        try:  # the ids are the sender's word unless its signature holds
+            secrets = request.app[SETTINGS]().secrets.agent_bot_secrets
+            signer = signing_account(
+                headers.get("X-Chatwoot-Signature"), headers.get("X-Chatwoot-Timestamp", ""), bytes(body), secrets
+            )
+            fields["signed"] = signer == account_id
+        except Exception:
+            fields["signed"] = False
+    log_line(log, logging.WARNING, "webhook body too large: refused, Chatwoot opens the conversation", fields)
 
 
 def delivery_id_of(header: str | None) -> str | None:
@@ -549,7 +593,8 @@ async def _webhook(request: web.Request) -> web.Response:
     try:
         async with asyncio.timeout_at(deadline):
             body = await _read_limited(request, MAX_BODY_BYTES)
-    except _BodyTooLarge:
+    except _BodyTooLarge as refused:
+        await _log_refused_body(request, refused.head, deadline)
         return _respond(app, "payload_too_large")
     except TimeoutError:
         log.warning("request body too slow", extra={"path": request.path, "outcome": "read_timeout"})

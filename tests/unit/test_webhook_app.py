@@ -254,6 +254,36 @@ async def test_one_byte_more_is_413_before_any_other_check(door: Door) -> None:
     assert await door.post(body, {}) == (413, "payload too large")  # no timestamp, no signature
 
 
+async def test_a_refused_body_is_logged_with_its_conversation_and_never_its_content(
+    door: Door, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 3 MiB HTML e-mail is refused (Decisions 1) and Chatwoot opens its conversation; the log names which."""
+    caplog.set_level(logging.INFO)
+    body = padded_to(3 * 1024 * 1024)
+    assert await door.post(body, signed(body)) == (413, "payload too large")
+    lines = [JsonFormatter().format(r) for r in caplog.records if "too large" in r.getMessage()]
+    assert len(lines) == 1
+    line = json.loads(lines[0])
+    assert (line["account_id"], line["conversation_id"], line["event"], line["signed"]) == (
+        1,
+        42,
+        "message_created",
+        True,
+    )
+    assert line["bytes"] == len(body)
+    assert "hunter2" not in lines[0] and "jo@example.com" not in lines[0]
+
+
+async def test_a_refused_body_that_is_not_json_is_logged_without_a_name(
+    door: Door, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    body = b"x" * (TWO_MIB + 10)
+    assert await door.post(body, {}) == (413, "payload too large")
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records if "too large" in r.getMessage()]
+    assert len(lines) == 1 and "conversation_id" not in lines[0]
+
+
 async def test_oversize_chunked_body_without_length_is_413(door: Door) -> None:
     async def chunks() -> AsyncIterator[bytes]:
         for _ in range(3):
