@@ -234,9 +234,14 @@ class Sources:
         try:
             response = await self.http.get(f"{url}/stuck")
             response.raise_for_status()
-            stuck = response.json().get("stuck", {})
+            answer = response.json()
+            stuck = answer.get("stuck", {})
             if not isinstance(stuck, dict):
                 raise ValueError("unexpected /stuck body")
-            return WorkerStuck(url, {str(k): str(v) for k, v in stuck.items()})
+            raw = answer.get("throttle")
+            throttle = None
+            if isinstance(raw, dict):
+                throttle = {str(k): float(v) for k, v in raw.items() if isinstance(v, int | float)}
+            return WorkerStuck(url, {str(k): str(v) for k, v in stuck.items()}, throttle=throttle)
         except (httpx.HTTPError, ValueError) as exc:
             return WorkerStuck(url, error=f"/stuck not readable: {type(exc).__name__}")

@@ -25,6 +25,7 @@ class WorkerStuck:
     url: str
     stuck: dict[str, str] | None = None
     error: str | None = None
+    throttle: dict[str, float] | None = None  # what Chatwoot's rate limit cost the worker (its /stuck `throttle`)
 
 
 @dataclass

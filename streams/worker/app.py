@@ -245,6 +245,7 @@ class WorkerApp:
                 body: dict[str, Any] = {"stuck": worker.metrics.stuck_keys()}
                 if worker.gate.reason is not None:
                     body["chatwoot"] = worker.gate.reason
+                body["throttle"] = worker.throttle_summary()  # Chatwoot's rate limit, for the console's overview
                 return self.json(body)
 
         app.on_before_shutdown.connect(cast(Any, self._on_shutdown))
@@ -329,6 +330,18 @@ class WorkerApp:
             self._heads_lookup.cancel()
         if self.service.catch_up.unknown():
             self._heads_lookup = asyncio.ensure_future(self._look_up_heads_again(conversations))
+
+    def throttle_summary(self) -> dict[str, float | int | None]:
+        """What Chatwoot's rate limit cost this worker so far (handlers/clients/budget.py)."""
+        budget = budget_for(self._chatwoot_api)
+        stats = budget.stats
+        return {
+            "per_minute": stats.per_minute,
+            "throttled": stats.throttled,
+            "waited_s": round(stats.waited_s, 1),
+            "paused_for_s": round(budget.paused_for_s, 1),
+            "last_throttled_at": stats.last_throttled_at,
+        }
 
     def _share_chatwoot_budget(self, owned: int) -> None:
         """This worker's share of the Chatwoot request budget: its share of the partitions (issue 30)."""

@@ -28,7 +28,13 @@ class StubSources:
             tail=TailStatus(topic="t.conversations", records=12, behind=0, caught_up=True),
             group="t",
             lag={"conversations": 0, "effects": 2},
-            workers=[WorkerStuck("http://127.0.0.1:1", stuck={"1:9": "foreign_bot"})],
+            workers=[
+                WorkerStuck(
+                    "http://127.0.0.1:1",
+                    stuck={"1:9": "foreign_bot"},
+                    throttle={"per_minute": 1200, "throttled": 3, "waited_s": 42.4, "paused_for_s": 0.0},
+                )
+            ],
         )
 
     async def refresh(self) -> ConsoleStatus:
@@ -75,6 +81,8 @@ async def test_overview_conversation_and_live_json(open_console: str) -> None:
             assert "script-src 'self'" in response.headers["Content-Security-Policy"]
         assert 'data-count="assigned"><div class="n">1<' in page
         assert "1:9" in page and "another account" in page  # the worker's stuck list, with its cause
+        # what Chatwoot's rate limit cost the worker, in one line (issue 30)
+        assert "3 requests refused (429), requests waited 42 s in all" in page and "budget 1200 a minute" in page
         async with http.get(f"{open_console}/api/overview") as response:
             data = await response.json()
         assert data["data"]["endings"] == {"assigned": 1} and set(data["fragments"]) >= {"tiles", "recent", "stuck"}
