@@ -19,6 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["check", "apply"], help="what to do with the configuration")
     parser.add_argument("file", nargs="?", help="with apply: the configuration file to apply")
     parser.add_argument("--config", help="configuration file (JSON or YAML); default $ROUTER_CONFIG")
+    parser.add_argument(
+        "--offline",
+        action="store_true",
+        help="with check: do not ask Chatwoot for its version (GET /api), e.g. when validating in a pipeline",
+    )
 
 
 def fail(exc: ConfigError) -> SystemExit:
@@ -96,7 +101,43 @@ def run(args: argparse.Namespace) -> int:
             print("chatwoot-router config apply: name the configuration FILE to apply", file=sys.stderr)
             return EXIT_INVALID_CONFIG
         return apply_file(args.file)
-    settings = load_or_exit(args.config)
+    env = env_or_exit()
+    settings = load_or_exit(args.config, env)
     accounts = ", ".join(str(a) for a in settings.config.routing.accounts)
     print(f"configuration ok: routed accounts {accounts}")
+    if args.offline:
+        return 0
+    return check_chatwoot_version(settings.config.chatwoot.base_url, env.chatwoot_version)
+
+
+def check_chatwoot_version(base_url: str, stated: str | None) -> int:
+    """Ask Chatwoot for its version as a worker does (or take ROUTER_CHATWOOT_VERSION): exit 1 when a worker would
+    route nothing for it (too old); a Chatwoot that cannot be asked is a warning only (exit 0): the check may run
+    where Chatwoot is not reachable, and the worker waits for an answer anyway."""
+    import asyncio
+
+    from handlers.clients.chatwoot import ChatwootClient, ChatwootError
+    from projections.chatwoot_version import version_problem
+
+    async def ask() -> str:
+        async with ChatwootClient(base_url, "", {}, timeout_s=10) as client:
+            return await client.server_version()
+
+    if stated is not None:
+        version, source = stated, "ROUTER_CHATWOOT_VERSION"
+    else:
+        try:
+            version, source = asyncio.run(ask()), "GET /api"
+        except ChatwootError as exc:
+            print(
+                f"warning: Chatwoot at {base_url} could not be asked for its version ({exc}); a worker routes nothing "
+                "until it answers (or set ROUTER_CHATWOOT_VERSION when a proxy hides GET /api)",
+                file=sys.stderr,
+            )
+            return 0
+    problem = version_problem(version)
+    if problem is not None:
+        print(f"Chatwoot at {base_url}: {problem} ({source}); a worker routes nothing for it", file=sys.stderr)
+        return 1
+    print(f"chatwoot ok: {base_url} version {version} ({source})")
     return 0

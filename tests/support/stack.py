@@ -12,7 +12,7 @@ import contextlib
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +64,18 @@ def router_config(sandbox_url: str) -> dict[str, Any]:
 class Stack:
     """The running system plus helpers that act as customers and people through the sandbox's control API."""
 
-    def __init__(self, bootstrap: str, app_id: str, tmp: Path) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        app_id: str,
+        tmp: Path,
+        sandbox_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """`sandbox_args` go to `chatwoot-router sandbox` (e.g. `--realistic`); `env` comes on top of the router's
+        variables for every process."""
         self.tmp = tmp
+        self.realistic = "--realistic" in sandbox_args
         self.sandbox_port, self.ingress_port, self.web_port = free_port(), free_port(), free_port()
         self.sandbox_url = f"http://127.0.0.1:{self.sandbox_port}"
         self.config_path = tmp / "router.json"
@@ -95,6 +105,7 @@ class Stack:
             CHATWOOT_AGENT_BOT_SECRETS=json.dumps({str(k): v for k, v in BOT_SECRETS.items()}),
             TYPESAFE_API_KEY=API_KEY,
         )
+        self.env.update(env or {})
         self.sandbox = Process(
             "sandbox",
             [
@@ -107,6 +118,7 @@ class Stack:
                 f"http://127.0.0.1:{self.ingress_port}/chatwoot/agent-bot",
                 "--retry-delay",
                 "0.3",
+                *sandbox_args,
             ],
             self.env,
             tmp,
