@@ -1,7 +1,8 @@
 """The Chatwoot REST endpoints the router uses (chatwoot-api.md §4), over the sandbox's world.
 
 Every request is logged (operation, path, token kind, status) and passes the fault plan: a rule can answer
-before the request is applied, after it was applied, or drop the connection after applying it.
+before the request is applied, after it was applied, or drop the connection after applying it. In front of them
+all sits Rack::Attack's per-IP throttle (`rate_limit`, off unless `Realism.rate_limit` is set).
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler as NextHandler
 
 from sandbox import views
-from sandbox.core import SANDBOX
+from sandbox.core import SANDBOX, SYSTEMONE_PATH, Sandbox
 from sandbox.faults import Fault
 from sandbox.model import ACTIVITY, Bot, User
+from sandbox.realism import THROTTLED_BODY
 from sandbox.world import NOT_FOUND, ApiError, World
 
 Actor = User | Bot
@@ -137,24 +140,33 @@ def _token_header(request: web.Request) -> str | None:
     return request.headers.get("api_access_token") or request.headers.get("Api-Access-Token")
 
 
+def _call_entry(sandbox: Sandbox, request: web.Request, op: str) -> dict[str, Any]:
+    """A request's entry in the API log, made on arrival."""
+    token = _token_header(request)
+    owner = sandbox.world.token_owner(token) if token else None
+    return {
+        "op": op,
+        "method": request.method,
+        "path": request.path,
+        "query": dict(request.query),
+        "token": "bot" if isinstance(owner, Bot) else "user" if owner else "none" if not token else "bad",
+        "actor_id": owner.id if owner else None,
+        "status": None,
+        # the order of everything the sandbox saw (shared with control-API actions) and when
+        "seq": sandbox.next_seq(),
+        "at": time.time(),
+    }
+
+
+_OPS: dict[Any, str] = {}
+"""Each route handler's operation name, so a request the throttle refuses is logged under its operation."""
+
+
 def endpoint(op: str, *, bot_ok: bool) -> Callable[[Handler], Callable[[web.Request], Awaitable[Any]]]:
     def wrap(handler: Handler) -> Callable[[web.Request], Awaitable[Any]]:
         async def handle(request: web.Request) -> web.StreamResponse:
             sandbox = request.app[SANDBOX]
-            token = _token_header(request)
-            owner = sandbox.world.token_owner(token) if token else None
-            entry: dict[str, Any] = {
-                "op": op,
-                "method": request.method,
-                "path": request.path,
-                "query": dict(request.query),
-                "token": "bot" if isinstance(owner, Bot) else "user" if owner else "none" if not token else "bad",
-                "actor_id": owner.id if owner else None,
-                "status": None,
-                # the order of everything the sandbox saw (shared with control-API actions) and when
-                "seq": sandbox.next_seq(),
-                "at": time.time(),
-            }
+            entry = _call_entry(sandbox, request, op)
             sandbox.calls.append(entry)
             response: web.StreamResponse
             try:
@@ -197,9 +209,28 @@ def endpoint(op: str, *, bot_ok: bool) -> Callable[[Handler], Callable[[web.Requ
             entry["status"] = response.status
             return response
 
+        _OPS[handle] = op
         return handle
 
     return wrap
+
+
+@web.middleware
+async def rate_limit(request: web.Request, handler: NextHandler) -> web.StreamResponse:
+    """Rack::Attack's `req/ip` throttle: it runs before Rails routes anything, so it counts every Chatwoot
+    request, `GET /api` and unknown paths included (not the sandbox's control API, nor System One, which are
+    other servers in truth). A refused request is answered as rack-attack's default responder does, 429 with
+    `Content-Type: text/plain` and "Retry later" and no Retry-After, and logged like any call, with
+    `throttled: true` (a throttled `GET /api` too, although its answered calls are not logged)."""
+    sandbox = request.app[SANDBOX]
+    other_server = request.path.startswith(("/_sandbox/", SYSTEMONE_PATH))
+    if other_server or sandbox.limiter.admit(request.remote or "unknown", sandbox.world.now()):
+        return await handler(request)
+    op = _OPS.get(request.match_info.handler, "unknown")
+    entry = _call_entry(sandbox, request, op)
+    entry.update(status=429, throttled=True)
+    sandbox.calls.append(entry)
+    return web.Response(status=429, body=THROTTLED_BODY, headers={"Content-Type": "text/plain"})
 
 
 # --- conversations ----------------------------------------------------------------------------------------
@@ -376,6 +407,9 @@ async def server_version(request: web.Request) -> web.StreamResponse:
     """`GET /api` (no token): the installation's version (`app/controllers/api_controller.rb`)."""
     world = request.app[SANDBOX].world
     return web.json_response({"version": world.chatwoot_version, "timestamp": str(int(world.now()))})
+
+
+_OPS[server_version] = "server_version"
 
 
 def add_routes(app: web.Application) -> None:

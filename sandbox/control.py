@@ -10,6 +10,13 @@ POST   /_sandbox/conversations                  {account_id, inbox_id, contact_n
 POST   /_sandbox/conversations/{a}/{c}/incoming {content, email?: {subject, quoted_text, quoted_html,
                                                 auto_reply}, content_attributes?} → the message
 POST   /_sandbox/conversations/{a}/{c}/reply    {user_id, content, private?} → the message
+POST   /_sandbox/conversations/{a}/{c}/automation  {content, automation_rule_id?: 1} an automation rule's
+                                                message: outgoing, public, no sender → the message
+POST   /_sandbox/conversations/{a}/{c}/echo     {content} a WhatsApp/Instagram echo of a reply sent from the
+                                                phone: outgoing, public, no sender, external_echo → the message
+POST   /_sandbox/conversations/{a}/{c}/large_email  {min_webhook_bytes?: 3 MiB, subject?} (e-mail inboxes) an
+                                                HTML mail whose message_created webhook passes the size →
+                                                {message_id, text_bytes, html_bytes, webhook_bytes}
 POST   /_sandbox/conversations/{a}/{c}/status   {user_id, status?} as a person would (toggle_status)
 POST   /_sandbox/conversations/{a}/{c}/assign   {user_id, assignee_id|null} as a person would
 POST   /_sandbox/conversations/{a}/{c}/labels   {user_id, labels? | add?, remove?} as a person would
@@ -30,7 +37,14 @@ POST   /_sandbox/faults                         {op, mode?, status?, delay_ms?, 
 DELETE /_sandbox/faults                         remove every fault rule
 POST   /_sandbox/clock                          {advance_s}: move the sandbox's clock forward
 POST   /_sandbox/settle                         {timeout_s?}: wait until queued webhooks are finished
-POST   /_sandbox/settings                       {activity_delay_ms?, webhook_retry_delay_ms?, chatwoot_version?}
+POST   /_sandbox/settings                       {activity_delay_ms?, webhook_retry_delay_ms?, chatwoot_version?,
+                                                realistic?, rate_limit?, concurrent_webhooks?,
+                                                webhook_jitter_ms?, webhook_duplicates?,
+                                                waiting_since_updates?, seed?} → all of them (realism.py;
+                                                `realistic` first, then the single fields)
+GET    /_sandbox/stats                          {throttled, throttled_by_ip, rate_limit, window_start,
+                                                requests_this_window, webhook_deliveries, webhook_duplicates,
+                                                webhooks_pending, realism}
 """
 
 from __future__ import annotations
@@ -115,6 +129,25 @@ def _reply(sandbox: Sandbox, body: dict[str, Any], ids: dict[str, int]) -> Any:
     return views.message_rest(sandbox.world, message)
 
 
+def _automation(sandbox: Sandbox, body: dict[str, Any], ids: dict[str, int]) -> Any:
+    rule = int(body.get("automation_rule_id", 1))
+    message = sandbox.automation_message(ids["a"], ids["c"], str(body["content"]), automation_rule_id=rule)
+    return views.message_rest(sandbox.world, message)
+
+
+def _echo(sandbox: Sandbox, body: dict[str, Any], ids: dict[str, int]) -> Any:
+    return views.message_rest(sandbox.world, sandbox.external_echo(ids["a"], ids["c"], str(body["content"])))
+
+
+def _large_email(sandbox: Sandbox, body: dict[str, Any], ids: dict[str, int]) -> Any:
+    options: dict[str, Any] = {}
+    if "min_webhook_bytes" in body:
+        options["min_webhook_bytes"] = int(body["min_webhook_bytes"])
+    if "subject" in body:
+        options["subject"] = str(body["subject"])
+    return sandbox.large_email(ids["a"], ids["c"], **options)
+
+
 def _status(sandbox: Sandbox, body: dict[str, Any], ids: dict[str, int]) -> Any:
     return sandbox.human_status(ids["a"], ids["c"], int(body["user_id"]), body.get("status"))
 
@@ -162,17 +195,11 @@ def _clock(sandbox: Sandbox, body: dict[str, Any], ids: dict[str, int]) -> Any:
 
 
 def _settings(sandbox: Sandbox, body: dict[str, Any], ids: dict[str, int]) -> Any:
-    if "activity_delay_ms" in body:
-        sandbox.world.activity_delay_s = float(body["activity_delay_ms"]) / 1000
-    if "webhook_retry_delay_ms" in body:
-        sandbox.dispatcher.retry_delay_s = float(body["webhook_retry_delay_ms"]) / 1000
-    if "chatwoot_version" in body:
-        sandbox.world.chatwoot_version = str(body["chatwoot_version"])
-    return {
-        "chatwoot_version": sandbox.world.chatwoot_version,
-        "activity_delay_ms": sandbox.world.activity_delay_s * 1000,
-        "webhook_retry_delay_ms": sandbox.dispatcher.retry_delay_s * 1000,
-    }
+    return sandbox.configure(body)
+
+
+def _stats(sandbox: Sandbox, body: dict[str, Any], ids: dict[str, int]) -> Any:
+    return sandbox.stats()
 
 
 async def _settle(sandbox: Sandbox, body: dict[str, Any], ids: dict[str, int]) -> Any:
@@ -193,6 +220,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete(conv, _control(_delete))
     app.router.add_post(conv + "/incoming", _control(_incoming))
     app.router.add_post(conv + "/reply", _control(_reply))
+    app.router.add_post(conv + "/automation", _control(_automation))
+    app.router.add_post(conv + "/echo", _control(_echo))
+    app.router.add_post(conv + "/large_email", _control(_large_email))
     app.router.add_post(conv + "/status", _control(_status))
     app.router.add_post(conv + "/assign", _control(_assign))
     app.router.add_post(conv + "/labels", _control(_labels))
@@ -202,6 +232,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/_sandbox/clock", _control(_clock))
     app.router.add_post("/_sandbox/settle", _control(_settle))
     app.router.add_post("/_sandbox/settings", _control(_settings))
+    app.router.add_get("/_sandbox/stats", _control(_stats))
 
 
 async def _log_handler(request: web.Request) -> web.StreamResponse:

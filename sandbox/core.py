@@ -15,7 +15,8 @@ from aiohttp import web
 from sandbox import scenario, views
 from sandbox.faults import Fault, FaultPlan
 from sandbox.model import INCOMING, OUTGOING, Contact, Conversation, Message
-from sandbox.webhooks import WebhookDispatcher
+from sandbox.realism import LARGE_EMAIL_BYTES, RateLimiter, Realism, large_email
+from sandbox.webhooks import WebhookDispatcher, encode
 from sandbox.world import ApiError, World
 
 SYSTEMONE_PATH = "/v1/systemone"
@@ -32,10 +33,16 @@ class Sandbox:
         retry_delay_s: float = 3.0,
         webhook_timeout_s: float = 5.0,
         activity_delay_s: float = 0.0,
+        realism: Realism | None = None,
     ) -> None:
-        self.world = World(default_webhook_url=webhook_url, activity_delay_s=activity_delay_s)
+        # the rough edges switched on (realism.py), one object shared by the world, the dispatcher and the limiter
+        self.realism = realism or Realism()
+        self.world = World(default_webhook_url=webhook_url, activity_delay_s=activity_delay_s, realism=self.realism)
         self.faults = FaultPlan()
-        self.dispatcher = WebhookDispatcher(self.world, retry_delay_s=retry_delay_s, timeout_s=webhook_timeout_s)
+        self.limiter = RateLimiter(self.realism)
+        self.dispatcher = WebhookDispatcher(
+            self.world, retry_delay_s=retry_delay_s, timeout_s=webhook_timeout_s, realism=self.realism
+        )
         self.world.on_event = self.dispatcher.enqueue
         self.world.render = views.announcement_payload
         self.calls: list[dict[str, Any]] = []
@@ -52,7 +59,8 @@ class Sandbox:
     # --- setup ---------------------------------------------------------------------------------------------
 
     def load(self, doc: dict[str, Any]) -> None:
-        """Replace the world's accounts, users, bots, inboxes and canned responses (conversations go too)."""
+        """Replace the world's accounts, users, bots, inboxes and canned responses (conversations go too); the
+        document's `settings`, if any, are applied as `configure` does."""
         for table in (self.world.accounts, self.world.users, self.world.bots, self.world.inboxes):
             table.clear()
         self.world.canned.clear()
@@ -60,6 +68,30 @@ class Sandbox:
         self.world.conversations.clear()
         scenario.load(self.world, doc)
         self.systemone_api_key = (doc.get("systemone") or {}).get("api_key")
+        if doc.get("settings"):
+            self.configure(doc["settings"])
+
+    def configure(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """The settings API (`POST /_sandbox/settings`): the given fields change, the rest stay; returns them all.
+        A new `rate_limit` starts counting afresh (the window's counts are forgotten)."""
+        names = ("activity_delay_ms", "webhook_retry_delay_ms")
+        delays = {name: float(settings[name]) / 1000 for name in names if name in settings}
+        limit = self.realism.rate_limit
+        self.realism.update(settings)  # after every other value was parsed: a bad value anywhere changes nothing
+        if self.realism.rate_limit != limit:
+            self.limiter.restart()
+        if "activity_delay_ms" in delays:
+            self.world.activity_delay_s = delays["activity_delay_ms"]
+        if "webhook_retry_delay_ms" in delays:
+            self.dispatcher.retry_delay_s = delays["webhook_retry_delay_ms"]
+        if "chatwoot_version" in settings:
+            self.world.chatwoot_version = str(settings["chatwoot_version"])
+        return {
+            "chatwoot_version": self.world.chatwoot_version,
+            "activity_delay_ms": self.world.activity_delay_s * 1000,
+            "webhook_retry_delay_ms": self.dispatcher.retry_delay_s * 1000,
+            **self.realism.to_json(),
+        }
 
     @property
     def chatwoot_url(self) -> str:
@@ -104,12 +136,15 @@ class Sandbox:
         email: dict[str, Any] | None = None,
         content_attributes: dict[str, Any] | None = None,
     ) -> Message:
-        """An incoming message from the contact; `email` = {subject, quoted_text, quoted_html, auto_reply}."""
+        """An incoming message from the contact; `email` = {subject, quoted_text, quoted_html, html, auto_reply}
+        (`html`: the mail's HTML part, which Chatwoot keeps as `html_content.full` and `.reply`). In an inbox with
+        an `automation_message`, the conversation's first incoming message is followed by that automation's."""
         conversation = self.world.conversation(account_id, conversation_id)
         attributes = dict(content_attributes or {})
         content_type = "text"
         if email is not None:
             content_type = "incoming_email"
+            html = email.get("html")
             attributes["email"] = {
                 "subject": email.get("subject"),
                 "auto_reply": bool(email.get("auto_reply", False)),
@@ -118,9 +153,10 @@ class Sandbox:
                     "reply": content,
                     "quoted": email.get("quoted_text", content),
                 },
-                "html_content": {"full": None, "reply": None, "quoted": email.get("quoted_html")},
+                "html_content": {"full": html, "reply": html, "quoted": email.get("quoted_html")},
             }
         before = self.summary(conversation)
+        first = not any(m.message_type == INCOMING for m in conversation.messages)
         message = self.world.add_message(
             conversation,
             INCOMING,
@@ -130,7 +166,64 @@ class Sandbox:
             content_attributes=attributes,
         )
         self._record_action(conversation, "customer_message", None, before, {"message_id": message.id})
+        automation = self.world.inboxes[conversation.inbox_id].automation_message
+        if first and automation:
+            self.automation_message(account_id, conversation_id, automation)
         return message
+
+    def automation_message(
+        self, account_id: int, conversation_id: int, content: str, *, automation_rule_id: int = 1
+    ) -> Message:
+        """An automation rule's "send message": outgoing, public, no sender, `content_attributes.automation_rule_id`
+        (chatwoot-api.md §8); neither a person's reply nor a bot's, so it leaves `waiting_since` alone."""
+        conversation = self.world.conversation(account_id, conversation_id)
+        before = self.summary(conversation)
+        attributes = {"automation_rule_id": automation_rule_id}
+        message = self.world.add_message(conversation, OUTGOING, content, None, content_attributes=attributes)
+        self._record_action(conversation, "automation_message", None, before, {"message_id": message.id})
+        return message
+
+    def external_echo(self, account_id: int, conversation_id: int, content: str) -> Message:
+        """A WhatsApp / Instagram echo of a reply a person sent from the phone app: outgoing, public, no sender,
+        `content_attributes.external_echo` and already `delivered` (PR #13371). Chatwoot counts it as a human
+        response: it ends the wait and can be the first reply."""
+        conversation = self.world.conversation(account_id, conversation_id)
+        before = self.summary(conversation)
+        message = self.world.add_message(
+            conversation, OUTGOING, content, None, content_attributes={"external_echo": True}, status="delivered"
+        )
+        self._record_action(conversation, "external_echo", None, before, {"message_id": message.id})
+        return message
+
+    def large_email(
+        self,
+        account_id: int,
+        conversation_id: int,
+        *,
+        min_webhook_bytes: int = LARGE_EMAIL_BYTES,
+        subject: str = "Quarterly report",
+    ) -> dict[str, Any]:
+        """An incoming HTML e-mail so long that its `message_created` webhook passes `min_webhook_bytes` (3 MiB by
+        default: past the router door's 2 MiB, which answers 413, a final failure for Chatwoot). Only in e-mail
+        inboxes. Returns the message id and the sizes, not the message (it is megabytes)."""
+        conversation = self.world.conversation(account_id, conversation_id)
+        if self.world.inboxes[conversation.inbox_id].channel != "Channel::Email":
+            raise ApiError(422, {"error": f"inbox {conversation.inbox_id} is not an e-mail inbox (Channel::Email)"})
+        text, html = large_email(min_webhook_bytes)
+        # a new mail quotes no history: its history-trimmed parts (`quoted`) are the whole text and HTML
+        email = {"subject": subject, "html": html, "quoted_text": text, "quoted_html": html}
+        message = self.customer_message(account_id, conversation_id, text, email=email)
+        sent = [
+            encode(d.event.payload)
+            for d in self.dispatcher.deliveries
+            if d.event.event == "message_created" and d.event.payload.get("id") == message.id
+        ]
+        return {
+            "message_id": message.id,
+            "text_bytes": len(text.encode("utf-8")),
+            "html_bytes": len(html.encode("utf-8")),
+            "webhook_bytes": len(sent[0]) if sent else None,  # None: no bot gets this conversation's events
+        }
 
     def human_reply(
         self, account_id: int, conversation_id: int, user_id: int, content: str, *, private: bool = False
@@ -194,6 +287,17 @@ class Sandbox:
     async def settle(self, timeout_s: float = 30.0) -> None:
         """Wait until every webhook queued so far has been delivered or has failed."""
         await self.dispatcher.settle(timeout_s)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters tests assert on: the rate limiter's (429s per client IP, this window's counts) and the
+        webhook jobs' (runs, second runs, unfinished)."""
+        return {
+            **self.limiter.to_json(),
+            "webhook_deliveries": len(self.dispatcher.deliveries),
+            "webhook_duplicates": sum(1 for d in self.dispatcher.deliveries if d.duplicate),
+            "webhooks_pending": self.dispatcher.pending,
+            "realism": self.realism.to_json(),
+        }
 
     def next_seq(self) -> int:
         """One sequence shared by API calls (arrival and application) and control-API actions: their order."""

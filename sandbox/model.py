@@ -60,6 +60,8 @@ class Inbox:
     channel: str = "Channel::WebWidget"
     bot_id: int | None = None
     bot_active: bool = True
+    # an automation rule "send message" on a new conversation: its text, sent after the first incoming message
+    automation_message: str | None = None
 
 
 @dataclass

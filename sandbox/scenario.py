@@ -9,10 +9,17 @@ A scenario is a JSON/YAML document:
         users:   [{id: 1, name: Ada, email: ada@acme.test, role: administrator, token: user-token},
                   {id: 2, name: Bob, role: agent, inboxes: [7]}]   # agents: inbox memberships (default all)
         bots:    [{id: 5, name: Acme bot, access_token: bot-token, secret: bot-secret, outgoing_url: null}]
-        inboxes: [{id: 7, name: Website, channel: Channel::WebWidget, bot_id: 5, bot_active: true}]
+        inboxes: [{id: 7, name: Website, channel: Channel::WebWidget, bot_id: 5, bot_active: true,
+                   automation_message: "Thanks, we got your message."}]   # optional: see below
         canned_responses: [{short_code: refund, content: "Refunds take 5 days."}]
     system_bots: [{id: 9, name: Platform bot, access_token: sys-token, secret: sys-secret}]
     systemone: {api_key: jev-key}
+    settings: {realistic: true, rate_limit: 20}   # optional: as POST /_sandbox/settings (control.py)
+
+An inbox's `automation_message` imitates an automation rule "send message" on new conversations: after a
+conversation's first incoming message, an outgoing public message with no sender and
+`content_attributes.automation_rule_id` (what `AutomationRules::ActionService#send_message` writes), so scripted
+conversations meet the sender-less messages real accounts have (chatwoot-api.md §8).
 
 A user listed under several accounts with the same id is one user, member of each. `from_config` derives a
 scenario from the router's configuration, so `chatwoot-router sandbox --config` matches the router it serves.
@@ -71,6 +78,7 @@ def load(world: World, scenario: dict[str, Any]) -> None:
                 channel=str(raw.get("channel", "Channel::WebWidget")),
                 bot_id=raw.get("bot_id"),
                 bot_active=bool(raw.get("bot_active", True)),
+                automation_message=str(raw["automation_message"]) if raw.get("automation_message") else None,
             )
             world.inboxes[inbox.id] = inbox
         for raw in raw_account.get("canned_responses", []):

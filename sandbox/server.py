@@ -16,6 +16,7 @@ from aiohttp import web
 
 from sandbox import chatwoot_api, control
 from sandbox.core import SANDBOX, SYSTEMONE_PATH, Sandbox
+from sandbox.realism import Realism
 from sandbox.systemone import answer
 
 
@@ -49,7 +50,7 @@ async def _systemone(request: web.Request) -> web.StreamResponse:
 
 
 def build_app(sandbox: Sandbox) -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[chatwoot_api.rate_limit])
     app[SANDBOX] = sandbox
     chatwoot_api.add_routes(app)
     control.add_routes(app)
@@ -67,14 +68,17 @@ async def run_sandbox(
     retry_delay_s: float = 3.0,
     webhook_timeout_s: float = 5.0,
     activity_delay_s: float = 0.0,
+    realism: Realism | None = None,
 ) -> AsyncIterator[Sandbox]:
-    """Serve a sandbox on host:port (0 = any free port); `sandbox.url` is its base URL."""
+    """Serve a sandbox on host:port (0 = any free port); `sandbox.url` is its base URL. `realism` switches on a
+    real Chatwoot's rough edges (realism.py; default: none)."""
     sandbox = Sandbox(
         scenario,
         webhook_url=webhook_url,
         retry_delay_s=retry_delay_s,
         webhook_timeout_s=webhook_timeout_s,
         activity_delay_s=activity_delay_s,
+        realism=realism,
     )
     runner = web.AppRunner(build_app(sandbox), access_log=None)
     await runner.setup()

@@ -3,7 +3,15 @@
 Each event gets its own delivery id, kept across retries; the timestamp and signature are recomputed per
 attempt over `"<ts>." + body`. Only 429 and 500 are retried, three attempts in all, `retry_delay_s` apart
 (3 s in Chatwoot; tests shrink it). After a final failure of a message event Chatwoot's fallback opens a
-pending conversation. One conversation's deliveries go out in order, one at a time; conversations in parallel.
+pending conversation (a 413 too: only 429 and 500 are retried).
+
+Kind (the default): one conversation's deliveries go out in order, one at a time; conversations in parallel.
+With `Realism` (realism.py) it is as Sidekiq does it: with `concurrent_webhooks` every delivery is its own job,
+in parallel with the others of its conversation; `webhook_jitter_ms` delays each job's start by a random amount
+up to it (so they arrive reordered); `webhook_duplicates` runs a job a second time, as a crashed Sidekiq process
+does: the same payload under the same `X-Chatwoot-Delivery` (chatwoot-api.md §2: the id is made when the job is
+enqueued and is part of it), with its own attempts, retries and failure fallback, logged as a delivery of its own
+with `duplicate: true`. `settle` waits for all of them.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import io
 import json
 import time
 import uuid
@@ -20,10 +29,25 @@ from typing import Any
 
 import aiohttp
 
+from sandbox.realism import Realism
 from sandbox.world import BotEvent, World
 
 RETRYABLE = (429, 500)
 ATTEMPTS = 3
+
+
+def encode(payload: dict[str, Any]) -> bytes:
+    """A webhook's body: compact JSON, as Chatwoot posts it."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+LARGE_BODY_BYTES = 1024 * 1024
+"""Above this aiohttp wants a body as a stream (raw bytes would block the loop, it warns), as a 3 MiB e-mail is."""
+
+
+def _payload(body: bytes) -> bytes | io.BytesIO:
+    """The body to post in one attempt: a fresh stream for a large one (a stream is used up by an attempt)."""
+    return io.BytesIO(body) if len(body) > LARGE_BODY_BYTES else body
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
@@ -41,9 +65,10 @@ class Delivery:
     url: str
     attempts: list[dict[str, Any]] = field(default_factory=list)
     outcome: str = "pending"  # pending | delivered | failed
+    duplicate: bool = False  # a second run of the same job (realism: `webhook_duplicates`)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "delivery_id": self.delivery_id,
             "event": self.event.event,
             "bot_id": self.event.bot_id,
@@ -53,18 +78,30 @@ class Delivery:
             "attempts": self.attempts,
             "outcome": self.outcome,
         }
+        if self.duplicate:
+            data["duplicate"] = True
+        return data
 
 
 class WebhookDispatcher:
     """Queues the world's bot events and delivers them; `deliveries` is the log of all of them."""
 
-    def __init__(self, world: World, *, retry_delay_s: float = 3.0, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        world: World,
+        *,
+        retry_delay_s: float = 3.0,
+        timeout_s: float = 5.0,
+        realism: Realism | None = None,
+    ) -> None:
         self.world = world
         self.retry_delay_s = retry_delay_s
         self.timeout_s = timeout_s
+        self.realism = realism or Realism()
         self.deliveries: list[Delivery] = []
         self._queues: dict[tuple[int, int], deque[Delivery]] = {}
         self._lanes: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self._jobs: set[asyncio.Task[None]] = set()  # concurrent deliveries, each its own "Sidekiq job"
         self._session: aiohttp.ClientSession | None = None
         self._idle = asyncio.Event()
         self._idle.set()
@@ -73,9 +110,10 @@ class WebhookDispatcher:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
 
     async def close(self) -> None:
-        for task in list(self._lanes.values()):
+        tasks = [*self._lanes.values(), *self._jobs]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._lanes.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
 
@@ -85,23 +123,56 @@ class WebhookDispatcher:
         if url is None:
             return
         delivery = Delivery(str(uuid.uuid4()), event, url)
-        self.deliveries.append(delivery)
-        key = (event.account_id, event.conversation_id)
-        self._queues.setdefault(key, deque()).append(delivery)
+        runs = [delivery]
+        if self.realism.runs_twice():
+            runs.append(Delivery(delivery.delivery_id, event, url, duplicate=True))
+        loop = asyncio.get_running_loop()
         self._idle.clear()
-        if key not in self._lanes:
-            self._lanes[key] = asyncio.get_running_loop().create_task(self._lane(key))
+        for run in runs:
+            self.deliveries.append(run)
+            if self.realism.concurrent_webhooks:
+                job = loop.create_task(self._job(run))
+                self._jobs.add(job)
+                job.add_done_callback(self._job_done)
+                continue
+            key = (event.account_id, event.conversation_id)
+            self._queues.setdefault(key, deque()).append(run)
+            if key not in self._lanes:
+                self._lanes[key] = loop.create_task(self._lane(key))
+
+    @property
+    def pending(self) -> int:
+        """Deliveries not finished yet (queued, waiting for their start, or being attempted)."""
+        return sum(len(queue) for queue in self._queues.values()) + len(self._jobs)
 
     async def _lane(self, key: tuple[int, int]) -> None:
         queue = self._queues[key]
         try:
             while queue:
+                await self._start_after_jitter()
                 await self._deliver(queue[0])
                 queue.popleft()
         finally:
             del self._lanes[key]
-            if not self._lanes:
-                self._idle.set()
+            self._check_idle()
+
+    async def _job(self, delivery: Delivery) -> None:
+        await self._start_after_jitter()
+        await self._deliver(delivery)
+
+    def _job_done(self, job: asyncio.Task[None]) -> None:
+        self._jobs.discard(job)
+        self._check_idle()
+
+    def _check_idle(self) -> None:
+        if not self._lanes and not self._jobs:
+            self._idle.set()
+
+    async def _start_after_jitter(self) -> None:
+        """A job starts when a Sidekiq thread takes it: at once in the kind sandbox, within the jitter otherwise."""
+        delay = self.realism.jitter_s()
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     async def settle(self, timeout_s: float = 30.0) -> None:
         """Wait until every queued delivery has finished (delivered or failed)."""
@@ -111,7 +182,7 @@ class WebhookDispatcher:
     async def _deliver(self, delivery: Delivery) -> None:
         assert self._session is not None, "dispatcher not started"
         bot = self.world.bots[delivery.event.bot_id]
-        body = json.dumps(delivery.event.payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        body = encode(delivery.event.payload)
         for attempt in range(1, ATTEMPTS + 1):
             timestamp = str(int(time.time()))
             headers = {
@@ -123,7 +194,7 @@ class WebhookDispatcher:
             }
             status: int | None = None
             try:
-                async with self._session.post(delivery.url, data=body, headers=headers) as response:
+                async with self._session.post(delivery.url, data=_payload(body), headers=headers) as response:
                     status = response.status
                     answer = await response.read()
                 # the answer's start too: a 2xx can mean "accepted" or "ignored" (tests tell them apart)

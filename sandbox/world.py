@@ -31,6 +31,7 @@ from sandbox.model import (
     User,
     iso,
 )
+from sandbox.realism import Realism
 
 Actor = User | Bot | None
 STATUSES = ("open", "resolved", "pending", "snoozed")
@@ -117,6 +118,8 @@ class World:
     activity_delay_s: float = 0.0  # Chatwoot writes activities from a background job, a moment later
     # the Chatwoot release imitated (`GET /api`); older ones lack what the router needs (chatwoot-api.md §8)
     chatwoot_version: str = NEWEST_CHATWOOT
+    # the rough edges switched on (shared with the dispatcher); here: bot replies clearing `waiting_since`
+    realism: Realism = field(default_factory=Realism)
     on_event: Callable[[BotEvent], None] = lambda event: None
     render: Callable[[World, Announcement], dict[str, Any]] = _unrendered
     _ids: dict[str, int] = field(default_factory=dict)
@@ -259,6 +262,7 @@ class World:
         private: bool = False,
         content_type: str = "text",
         content_attributes: dict[str, Any] | None = None,
+        status: str = "sent",
     ) -> Message:
         now = self.now()
         message = Message(
@@ -274,6 +278,7 @@ class World:
             content_type=content_type,
             content_attributes=content_attributes or {},
             updated_at=now,
+            status=status,
         )
         conversation.messages.append(message)
         return message
@@ -308,6 +313,7 @@ class World:
         private: bool = False,
         content_type: str = "text",
         content_attributes: dict[str, Any] | None = None,
+        status: str = "sent",
     ) -> Message:
         """A new non-activity message with Chatwoot's side effects, then `message_created` (§5.2)."""
         message = self._new_message(
@@ -318,6 +324,7 @@ class World:
             private=private,
             content_type=content_type,
             content_attributes=content_attributes,
+            status=status,
         )
         if message_type == INCOMING:
             inbox = self.inboxes[conversation.inbox_id]
@@ -328,7 +335,7 @@ class World:
                 self._save(conversation, None, status="open", snoozed_until=None)
             if conversation.waiting_since is None:
                 self._save(conversation, None, waiting_since=message.created_at)
-        elif message_type == OUTGOING and not private and sender is not None and sender[0] == "user":
+        elif message_type == OUTGOING and not private and self.human_response(message):
             # only a human response ends the wait and counts as the first reply (bot replies do not)
             changes: dict[str, Any] = {"waiting_since": None}
             if conversation.first_reply_created_at is None:
@@ -337,7 +344,22 @@ class World:
         if message_type != ACTIVITY:
             conversation.last_activity_at = message.created_at
             self._emit(Announcement("message_created", conversation, message))
+        bot_reply = message_type == OUTGOING and not private and sender is not None and sender[0] == "agent_bot"
+        if bot_reply and self.realism.waiting_since_updates and conversation.waiting_since is not None:
+            # `Message#update_waiting_since` after `message_created`: a bot response ends the wait too, and
+            # the change is announced like any other (`conversation_updated` with `waiting_since`)
+            self._save(conversation, None, waiting_since=None)
         return message
+
+    @staticmethod
+    def human_response(message: Message) -> bool:
+        """`Message#human_response?`: a person's outgoing message, or a native app's echo of one (a WhatsApp or
+        Instagram reply sent from the phone, `external_echo`); never an automation's (`automation_rule_id`; the
+        sandbox makes no campaigns, whose messages Chatwoot tells by `additional_attributes.campaign_id`)."""
+        attributes = message.content_attributes
+        if message.message_type != OUTGOING or attributes.get("automation_rule_id"):
+            return False
+        return (message.sender is not None and message.sender[0] == "user") or bool(attributes.get("external_echo"))
 
     def delete_message(self, conversation: Conversation, message_id: int) -> Message:
         for message in conversation.messages:
