@@ -64,6 +64,23 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         running.stop()
 
 
+REALISTIC = ("--realistic", "--seed", "7")
+"""The sandbox as rough as the real Chatwoot (issue 30): its rate limit, webhooks concurrent, reordered and
+duplicated, `conversation_updated` on bot replies; a fixed seed so a failure can be replayed."""
+
+
+@pytest.fixture(scope="session")
+def realistic_stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A second shared stack, its sandbox in realistic mode, for the tests that run in both modes."""
+    tmp = tmp_path_factory.mktemp("e2e-realistic")
+    running = Stack(kafka_bootstrap, f"e2e-real-{os.getpid()}-{int(time.time())}", tmp, sandbox_args=REALISTIC)
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
 @pytest.fixture
 def e2e(stack: Stack) -> Iterator[Stack]:
     """The shared stack, with no fault rules left over from another test."""

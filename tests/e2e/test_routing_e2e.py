@@ -4,6 +4,9 @@ Each test acts as customers and people through the sandbox and waits (with a dea
 shows what a user of the help desk would see. The stack is shared, so a test that checks that something did NOT
 happen first waits on its own conversation's records (`Stack.log`, tests/support/trail.py) until the workers
 have folded everything of it and nothing is in flight; never on a process-wide counter.
+
+Every test runs twice: against the kind sandbox and against the realistic one (issue 30: Chatwoot's rate limit,
+webhooks concurrent, reordered and duplicated, `conversation_updated` on bot replies), with the same outcomes.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 from aiokafka import AIOKafkaProducer
 
 from tests.support.kafka import read_all
@@ -22,6 +27,15 @@ from tests.support.waiting import wait_until
 
 BILLING_QUESTION = "I was charged twice on my invoice, please refund the payment"
 HOURS_QUESTION = "What are your opening hours? When is the shop open or closed?"
+
+
+@pytest.fixture(params=["kind", "realistic"])
+def e2e(request: pytest.FixtureRequest, stack: Stack) -> Iterator[Stack]:
+    """The shared stack of the mode, with no fault rules left over from another test."""
+    chosen: Stack = stack if request.param == "kind" else request.getfixturevalue("realistic_stack")
+    chosen.clear_faults()
+    yield chosen
+    chosen.clear_faults()
 
 
 def metric(stack: Stack, name: str, **labels: str) -> float:
