@@ -21,8 +21,9 @@ import pytest
 
 from tests.support.env import router_env
 from tests.support.processes import remember_child, stop_every_child
+from tests.support.secure_kafka import secure_kafka
 
-__all__ = ["router_env"]  # moved to tests/support/env.py; kept here for older imports
+__all__ = ["router_env", "secure_kafka"]  # router_env: moved to tests/support/env.py; secure_kafka: a fixture
 
 TESTS = Path(__file__).resolve().parent
 DIRECTORY_MARKERS = ("unit", "integration", "e2e")  # tests/<name>/ gets the marker <name> (pyproject.toml)

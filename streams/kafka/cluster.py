@@ -9,7 +9,9 @@ voters must stay the same across restarts. Everything else is the single node's 
 same jars, JVM options and log settings.
 
 The Python API is what the cluster tests use: `start_cluster()` returns a `LocalCluster` whose nodes can be
-SIGKILLed, SIGTERMed (controlled shutdown) and restarted one by one on the same ports and data dirs.
+SIGKILLed, SIGTERMed (controlled shutdown) and restarted one by one on the same ports and data dirs. With
+`secure=True` the nodes serve SASL_SSL and enforce ACLs (`streams.kafka.secure`); the certificates, SCRAM users and
+client properties files are the cluster's, in its data dir, and the cluster's own probes run as `admin`.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from projections.acls import Role
 from streams.kafka.local import (
     READY_TIMEOUT_S,
     KafkaLaunchError,
@@ -35,8 +38,11 @@ from streams.kafka.local import (
     _java_command,
     _saved_cluster_id,
     ensure_jars,
+    scram_arguments,
+    secure_setup,
 )
 from streams.kafka.ports import free_port, free_port_run, port_in_use
+from streams.kafka.secure import SecureSetup, SecureSetupError, apply_settings, grant_roles, write_server_properties
 
 CLUSTER_SIZE = 3
 MIN_INSYNC_REPLICAS = 2
@@ -130,13 +136,29 @@ class ClusterNode:
 class LocalCluster:
     """A running three-node cluster; nodes are addressed by index (0, 1, 2; node id = index + 1)."""
 
-    def __init__(self, nodes: list[ClusterNode], data_dir: Path) -> None:
+    def __init__(self, nodes: list[ClusterNode], data_dir: Path, secure: SecureSetup | None = None) -> None:
         self.nodes = nodes
         self.data_dir = data_dir
+        self.secure = secure
+        self._admin_options = secure.client_options(Role.ADMIN) if secure else {}
 
     @property
     def bootstrap(self) -> str:
         return ",".join(node.bootstrap for node in self.nodes)
+
+    @property
+    def properties_dir(self) -> Path | None:
+        """A secured cluster's client properties files and CA (None in plaintext)."""
+        return self.secure.properties_dir if self.secure else None
+
+    def grant(self, app_id: str) -> None:
+        """Give a secured cluster's role users their ACLs for `app_id` too (from synchronous code: it runs a loop)."""
+        if self.secure is None:
+            raise KafkaLaunchError("a plaintext cluster has no ACLs: start it with secure=True")
+        try:
+            grant_roles(self.secure, self.bootstrap, app_id)
+        except SecureSetupError as exc:
+            raise KafkaLaunchError(str(exc)) from None
 
     def index_of(self, node_id: int) -> int:
         return next(n for n, node in enumerate(self.nodes) if node.node_id == node_id)
@@ -186,7 +208,9 @@ class LocalCluster:
                         f"node {node.node_id} exited with status {code}; see {node.log_file} and "
                         f"{node.data_dir / 'broker.stderr'}"
                     )
-                if _accepts_connections(node.port) and node.node_id in registered_brokers(node.bootstrap, 2.0):
+                if _accepts_connections(node.port) and node.node_id in registered_brokers(
+                    node.bootstrap, 2.0, self._admin_options
+                ):
                     pending.remove(node)
             if not pending:
                 return
@@ -198,7 +222,7 @@ class LocalCluster:
     def describe_partitions(self) -> list[dict[str, Any]]:
         """Every partition of every topic as the live nodes see it: topic, partition, leader, replicas, isr."""
         live = ",".join(node.bootstrap for node in self.nodes if node.alive())
-        return asyncio.run(_describe_partitions(live)) if live else []
+        return asyncio.run(_describe_partitions(live, self._admin_options)) if live else []
 
     def leaders(self, topic: str) -> dict[int, int]:
         """partition -> leader node id (-1 while it has none) of `topic`, from the metadata now."""
@@ -227,12 +251,16 @@ class LocalCluster:
         self.stop()
 
 
-def registered_brokers(bootstrap: str, timeout: float = 5.0) -> set[int]:
+def registered_brokers(
+    bootstrap: str, timeout: float = 5.0, client_options: Mapping[str, Any] | None = None
+) -> set[int]:
     """The ids of the brokers the metadata from `bootstrap` lists (empty when it does not answer)."""
     from aiokafka.admin import AIOKafkaAdminClient
 
     async def probe() -> set[int]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000), **(client_options or {})
+        )
         try:
             await asyncio.wait_for(admin.start(), timeout)
             cluster = await asyncio.wait_for(admin.describe_cluster(), timeout)
@@ -246,10 +274,12 @@ def registered_brokers(bootstrap: str, timeout: float = 5.0) -> set[int]:
     return asyncio.run(probe())
 
 
-async def _describe_partitions(bootstrap: str, timeout: float = 15.0) -> list[dict[str, Any]]:
+async def _describe_partitions(
+    bootstrap: str, client_options: Mapping[str, Any], timeout: float = 15.0
+) -> list[dict[str, Any]]:
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000, **client_options)
     deadline = time.monotonic() + timeout
     try:
         await asyncio.wait_for(admin.start(), timeout)
@@ -300,9 +330,12 @@ def start_cluster(
     *,
     ready_timeout: float = READY_TIMEOUT_S * 2,
     quiet: bool = True,
+    secure: bool = False,
+    app_id: str | None = None,
 ) -> LocalCluster:
     """Start three nodes on client ports `port`, `port + 1`, `port + 2` (formatting their data dirs on first
-    use) and return once every node serves clients and lists all three brokers."""
+    use) and return once every node serves clients and lists all three brokers (`secure`: and once every node
+    enforces the role users' ACLs for `app_id`)."""
     first = port or free_port_run(CLUSTER_SIZE)
     client_ports = [first + n for n in range(CLUSTER_SIZE)]
     for client_port in client_ports:
@@ -321,28 +354,41 @@ def start_cluster(
     voters = ",".join(f"{n + 1}@127.0.0.1:{p}" for n, p in enumerate(controller_ports))
     # one cluster id for all three: the first formatted node's, else the cluster dir's saved one
     cluster_id = _saved_cluster_id(root, node_dirs[0] / "kraft-logs")
+    setup = secure_setup(root, [node_dir / "kraft-logs" for node_dir in node_dirs], secure)
     nodes: list[ClusterNode] = []
     formats: list[tuple[list[str], Path]] = []
     for n, node_dir in enumerate(node_dirs):
         log_dir = _ensure_dir(node_dir / "kraft-logs")
         properties = node_dir / "server.properties"
-        properties.write_text(
-            node_properties(n + 1, client_ports[n], controller_ports[n], voters, log_dir), encoding="utf-8"
-        )
+        text = node_properties(n + 1, client_ports[n], controller_ports[n], voters, log_dir)
+        if setup is None:
+            properties.write_text(text, encoding="utf-8")
+        else:
+            write_server_properties(
+                properties, apply_settings(text, setup.server_settings(client_ports[n], controller_ports[n]))
+            )
         base = _java_command(lib, node_dir, node_dir / "broker.log")
         if not (log_dir / "meta.properties").exists():
             formats.append((base, properties))
         nodes.append(
             ClusterNode(n + 1, client_ports[n], controller_ports[n], node_dir, [*base, "kafka.Kafka", str(properties)])
         )
-    with ThreadPoolExecutor(max_workers=CLUSTER_SIZE) as pool:  # one JVM each: in parallel
-        for done in [pool.submit(_format_storage, base, props, cluster_id) for base, props in formats]:
+    # one JVM each: in parallel; the same SCRAM users in every node's bootstrap metadata
+    with scram_arguments(setup, bool(formats)) as arguments, ThreadPoolExecutor(max_workers=CLUSTER_SIZE) as pool:
+        for done in [pool.submit(_format_storage, base, props, cluster_id, arguments) for base, props in formats]:
             done.result()
-    cluster = LocalCluster(nodes, root)
+    cluster = LocalCluster(nodes, root, setup)
+    started = time.monotonic()
     for node in nodes:  # all at once: no node can finish starting before a quorum of controllers runs
         node.spawn()
     try:
         cluster.wait_serving(timeout=ready_timeout)
+        if setup is not None and app_id is not None:
+            left = max(5.0, ready_timeout - (time.monotonic() - started))
+            grant_roles(setup, cluster.bootstrap, app_id, timeout=left)
+    except SecureSetupError as exc:
+        cluster.stop()
+        raise KafkaLaunchError(str(exc)) from None
     except BaseException:
         cluster.stop()
         raise
@@ -350,9 +396,11 @@ def start_cluster(
 
 
 @contextlib.contextmanager
-def running_cluster(port: int | None = None, data_dir: Path | None = None) -> Iterator[LocalCluster]:
+def running_cluster(
+    port: int | None = None, data_dir: Path | None = None, *, secure: bool = False, app_id: str | None = None
+) -> Iterator[LocalCluster]:
     """A cluster for the duration of a `with` block."""
-    cluster = start_cluster(port, data_dir)
+    cluster = start_cluster(port, data_dir, secure=secure, app_id=app_id)
     try:
         yield cluster
     finally:

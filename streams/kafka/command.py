@@ -1,6 +1,10 @@
-"""`chatwoot-router kafka [--port P] [--data-dir DIR] [--brokers 1|3] [--fetch-only]`: a local Apache Kafka
-(KRaft) for development and tests, one node (`streams/kafka/local.py`) or three (`streams/kafka/cluster.py`);
-one `ready bootstrap=…` line when it serves, stopped on Ctrl-C or SIGTERM."""
+"""`chatwoot-router kafka [--port P] [--data-dir DIR] [--brokers 1|3] [--secure] [--fetch-only]`: a local Apache
+Kafka (KRaft) for development and tests, one node (`streams/kafka/local.py`) or three (`streams/kafka/cluster.py`);
+one `ready bootstrap=…` line when it serves, stopped on Ctrl-C or SIGTERM.
+
+`--secure` serves SASL_SSL (SCRAM-SHA-512) with ACLs instead of PLAINTEXT (`streams/kafka/secure.py`): one user per
+role with that role's ACLs for ROUTER_APP_ID, and the ready line names the directory of their client properties
+files, `ready bootstrap=… properties=DIR`. No password is printed: they are in those files (mode 0600)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
+from schemas.config import ConfigError, read_env
 from streams.kafka.cluster import LocalCluster, start_cluster
 from streams.kafka.local import DEFAULT_PORT, KafkaLaunchError, LocalKafka, ensure_jars, start_broker
 from streams.kafka.ports import NoFreePort
@@ -38,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "quorum of three, with replication 3 and min.insync.replicas 2 (tests of failover and rolling restarts)",
     )
     parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="serve SASL_SSL (SCRAM-SHA-512, a CA made in the data dir) with ACLs: users admin (super user), "
+        "ingress, worker and reader, each with its role's ACLs for ROUTER_APP_ID (default chatwoot-router); the "
+        "ready line adds properties=DIR, the directory of <role>.properties and ca.pem",
+    )
+    parser.add_argument(
         "--fetch-only",
         action="store_true",
         help="resolve the broker's jars into the cache and exit (for images and CI)",
@@ -52,15 +64,23 @@ def run(args: argparse.Namespace) -> int:
             print(f"chatwoot-router kafka: {exc}", file=sys.stderr)
             return 1
         return 0
+    app_id = None
+    if args.secure:
+        try:
+            app_id = read_env().app_id
+        except ConfigError as exc:  # names the variable, never its value
+            print(f"chatwoot-router kafka: {exc}", file=sys.stderr)
+            return 2
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    start = start_cluster if args.brokers > 1 else start_broker
     try:
-        served = (start_cluster if args.brokers > 1 else start_broker)(args.port, args.data_dir, quiet=False)
+        served = start(args.port, args.data_dir, quiet=False, secure=args.secure, app_id=app_id)
     except (KafkaLaunchError, NoFreePort) as exc:
         print(f"chatwoot-router kafka: {exc}", file=sys.stderr)
         return 1
-    print(f"ready bootstrap={served.bootstrap}", flush=True)
+    print(ready_line(served), flush=True)
     try:
         gone = serve(served, stop)
     finally:
@@ -69,6 +89,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"chatwoot-router kafka: {gone}", file=sys.stderr)
         return 1
     return 0
+
+
+def ready_line(served: LocalKafka | LocalCluster) -> str:
+    """`ready bootstrap=h:p[,h:p,h:p]`, and ` properties=DIR` when secured: what scripts and tests wait for."""
+    line = f"ready bootstrap={served.bootstrap}"
+    return f"{line} properties={served.properties_dir}" if served.properties_dir else line
 
 
 def serve(served: LocalKafka | LocalCluster, stop: threading.Event) -> str | None:

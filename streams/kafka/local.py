@@ -5,7 +5,7 @@ use; later starts reuse the cache and need no network. Settings suit one node: r
 internal topics, no initial rebalance delay. The command prints exactly one line
 `ready bootstrap=127.0.0.1:<port>` once a client can fetch metadata, then stays in the foreground until
 SIGINT/SIGTERM, when it stops the broker cleanly. `--brokers 3` runs a three-node cluster instead
-(`streams.kafka.cluster`).
+(`streams.kafka.cluster`); `--secure` serves SASL_SSL with ACLs instead of PLAINTEXT (`streams.kafka.secure`).
 """
 
 from __future__ import annotations
@@ -21,12 +21,23 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
+from projections.acls import Role
 from streams.kafka.ports import free_port, port_in_use
+from streams.kafka.secure import (
+    SecureSetup,
+    SecureSetupError,
+    apply_settings,
+    grant_roles,
+    is_secured,
+    prepare,
+    write_server_properties,
+)
 
 KAFKA_VERSION = "4.1.1"
 DEFAULT_PORT = 9092
@@ -144,10 +155,25 @@ class LocalKafka:
     port: int
     data_dir: Path
     log_file: Path
+    secure: SecureSetup | None = field(default=None, repr=False)
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def properties_dir(self) -> Path | None:
+        """A secured broker's client properties files and CA (None in plaintext)."""
+        return self.secure.properties_dir if self.secure else None
+
+    def grant(self, app_id: str) -> None:
+        """Give a secured broker's role users their ACLs for `app_id` too (from synchronous code: it runs a loop)."""
+        if self.secure is None:
+            raise KafkaLaunchError("a plaintext broker has no ACLs: start it with secure=True")
+        try:
+            grant_roles(self.secure, self.bootstrap, app_id)
+        except SecureSetupError as exc:
+            raise KafkaLaunchError(str(exc)) from None
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the broker cleanly (SIGTERM, then SIGKILL after `timeout`)."""
@@ -185,11 +211,52 @@ def _java_command(lib: Path, config_dir: Path, log_file: Path) -> list[str]:
     ]
 
 
-def _format_storage(base: list[str], properties: Path, cluster_id: str) -> None:
+def _format_storage(base: list[str], properties: Path, cluster_id: str, arguments: Sequence[str] = ()) -> None:
+    """Format the node's storage unless it is; `arguments` are more options (an `@file` of `--add-scram`)."""
     _run_or_fail(
-        [*base, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties), "--ignore-formatted"],
+        [
+            *base,
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            cluster_id,
+            "-c",
+            str(properties),
+            "--ignore-formatted",
+            *arguments,
+        ],
         "formatting the KRaft storage failed",
     )
+
+
+def secure_setup(root: Path, log_dirs: Sequence[Path], secure: bool) -> SecureSetup | None:
+    """The data dir's secured setup when `secure` (made on first use), after checking that the data dir was
+    made the same way: a storage formatted in plaintext has no SCRAM users, and a secured one must not be served
+    to clients without authentication."""
+    if secure and not is_secured(root) and any((log_dir / "meta.properties").exists() for log_dir in log_dirs):
+        raise KafkaLaunchError(f"{root} was formatted without --secure (it has no SCRAM users): use a new --data-dir")
+    if not secure and is_secured(root):
+        raise KafkaLaunchError(f"{root} was made with --secure: pass --secure, or use another --data-dir")
+    if not secure:
+        return None
+    try:
+        return prepare(root)
+    except (SecureSetupError, ValueError, OSError) as exc:
+        raise KafkaLaunchError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def scram_arguments(setup: SecureSetup | None, formatting: bool) -> Iterator[list[str]]:
+    """The storage tool's extra arguments: the SCRAM users of a secured data dir that is being formatted, in a
+    0600 file that exists only while the tool runs."""
+    if setup is None or not formatting:
+        yield []
+        return
+    path = setup.scram_argument_file()
+    try:
+        yield [f"@{path}"]
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def _run_or_fail(command: list[str], failure: str, cwd: Path | None = None) -> None:
@@ -200,14 +267,17 @@ def _run_or_fail(command: list[str], failure: str, cwd: Path | None = None) -> N
         raise KafkaLaunchError(f"{failure}:\n{tail}")
 
 
-def broker_answers(bootstrap: str, timeout: float = 5.0) -> bool:
-    """True when a Kafka client can fetch cluster metadata from `bootstrap`."""
+def broker_answers(bootstrap: str, timeout: float = 5.0, client_options: Mapping[str, Any] | None = None) -> bool:
+    """True when a Kafka client (with `client_options`: a secured broker's administrator) can fetch cluster
+    metadata from `bootstrap`."""
     import asyncio
 
     from aiokafka.admin import AIOKafkaAdminClient
 
     async def probe() -> bool:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000))
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000), **(client_options or {})
+        )
         try:
             await asyncio.wait_for(admin.start(), timeout)
             await asyncio.wait_for(admin.describe_cluster(), timeout)
@@ -228,9 +298,14 @@ def start_broker(
     ready_timeout: float = READY_TIMEOUT_S,
     quiet: bool = True,
     advertised_port: int | None = None,
+    secure: bool = False,
+    app_id: str | None = None,
 ) -> LocalKafka:
     """Start a broker (formatting `data_dir` on first use) and return once clients can connect (through
-    `advertised_port` when given: a proxy in front of the broker must be listening there)."""
+    `advertised_port` when given: a proxy in front of the broker must be listening there).
+
+    `secure`: SASL_SSL with SCRAM users and ACLs (`streams.kafka.secure`); the role users get their ACLs for
+    `app_id` before this returns (more app ids: `LocalKafka.grant`), and `properties_dir` has their files."""
     port = port or free_port()
     if port_in_use(port):
         raise KafkaLaunchError(
@@ -248,9 +323,17 @@ def start_broker(
     else:
         controller_port = free_port()
         controller_file.write_text(str(controller_port), encoding="utf-8")
-    properties.write_text(broker_properties(port, controller_port, log_dir, advertised_port), encoding="utf-8")
+    setup = secure_setup(data_dir, [log_dir], secure)
+    text = broker_properties(port, controller_port, log_dir, advertised_port)
+    if setup is None:
+        properties.write_text(text, encoding="utf-8")
+    else:
+        settings = setup.server_settings(port, controller_port, advertised_port)
+        write_server_properties(properties, apply_settings(text, settings))
     base = _java_command(lib, data_dir, log_file)
-    _format_storage(base, properties, _saved_cluster_id(data_dir, log_dir))
+    cluster_id = _saved_cluster_id(data_dir, log_dir)
+    with scram_arguments(setup, not (log_dir / "meta.properties").exists()) as arguments:
+        _format_storage(base, properties, cluster_id, arguments)
     with (data_dir / "broker.stderr").open("wb") as stderr:
         process = subprocess.Popen(
             [*base, "kafka.Kafka", str(properties)],
@@ -258,14 +341,24 @@ def start_broker(
             stderr=stderr,
             start_new_session=True,
         )
-    broker = LocalKafka(process=process, port=port, data_dir=data_dir, log_file=log_file)
+    broker = LocalKafka(process=process, port=port, data_dir=data_dir, log_file=log_file, secure=setup)
+    admin = setup.client_options(Role.ADMIN) if setup else None
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise KafkaLaunchError(
                 f"the broker exited with status {process.returncode}; see {log_file} and {data_dir / 'broker.stderr'}"
             )
-        if _accepts_connections(port) and broker_answers(broker.bootstrap, timeout=2.0):
+        if _accepts_connections(port) and broker_answers(broker.bootstrap, timeout=2.0, client_options=admin):
+            try:
+                if setup is not None and app_id is not None:
+                    grant_roles(setup, broker.bootstrap, app_id, timeout=max(5.0, deadline - time.monotonic()))
+            except SecureSetupError as exc:
+                broker.stop()
+                raise KafkaLaunchError(str(exc)) from None
+            except BaseException:
+                broker.stop()
+                raise
             return broker
         time.sleep(0.2)
     broker.stop()
@@ -321,9 +414,11 @@ def _accepts_connections(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def running_broker(port: int | None = None, data_dir: Path | None = None) -> Iterator[LocalKafka]:
+def running_broker(
+    port: int | None = None, data_dir: Path | None = None, *, secure: bool = False, app_id: str | None = None
+) -> Iterator[LocalKafka]:
     """A broker for the duration of a `with` block."""
-    broker = start_broker(port, data_dir)
+    broker = start_broker(port, data_dir, secure=secure, app_id=app_id)
     try:
         yield broker
     finally:
