@@ -1,7 +1,8 @@
 """The kill-loop test (issue 15): the whole router under SIGKILLs, Chatwoot faults, people and broker restarts.
 
     .venv/bin/python -m bench.chaos --conversations 200 --kills 100 --seed 7 [--workers 2] [--partitions 8]
-        [--broker-restarts 3] [--pauses 12] [--duration 420] [--fault-rate 0.3] [--json FILE] [--work-dir DIR]
+        [--broker-restarts 3] [--pauses 12] [--duration 420] [--fault-rate 0.3] [--realistic] [--json FILE]
+        [--work-dir DIR]
 
 It starts its own local Kafka broker (or uses `KAFKA_BOOTSTRAP_SERVERS`; broker restarts need its own), the
 sandbox (a simulated Chatwoot and System One), one ingress and `--workers` workers with the same app id, each
@@ -280,6 +281,7 @@ class Options:
     pauses: int = 0  # SIGSTOP a worker for 20-40 s (past its 15 s session), then SIGCONT (issue 34)
     slow_broker_ms: int = 0  # every byte to and from the broker this late (bench/latency_proxy.py; one broker only)
     slow_mutation_rate: float = 0.0  # share of conversations with one mutation Chatwoot answers only after 20 s
+    realistic: bool = False  # the sandbox as rough as the real Chatwoot (issue 30): rate limit, webhooks out of order
 
     @property
     def play_s(self) -> float:
@@ -440,7 +442,14 @@ class Chaos:
         sandbox_args = ["sandbox", "--port", str(self.sandbox_port), "--scenario", str(self.work / "scenario.json")]
         sandbox = Proc(
             "sandbox",
-            [*sandbox_args, "--webhook-url", webhook_url, "--retry-delay", "1.0"],
+            [
+                *sandbox_args,
+                "--webhook-url",
+                webhook_url,
+                "--retry-delay",
+                "1.0",
+                *(["--realistic", "--seed", str(self.o.seed)] if self.o.realistic else []),
+            ],
             env,
             self.work,
             f"{self.sandbox_url}/_sandbox/state",
@@ -960,6 +969,11 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="share of conversations with one mutation Chatwoot answers only after 20 s (partitions move meanwhile)",
     )
+    parser.add_argument(
+        "--realistic",
+        action="store_true",
+        help="the sandbox in --realistic mode: Chatwoot's rate limit, webhooks concurrent, reordered and duplicated",
+    )
     parser.add_argument("--clean", action="store_true", help="remove the work directory after a passing run")
     args = parser.parse_args(argv)
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None
@@ -991,6 +1005,7 @@ def main(argv: list[str] | None = None) -> int:
         pauses=args.pauses,
         slow_broker_ms=args.slow_broker_ms,
         slow_mutation_rate=args.slow_mutation_rate,
+        realistic=args.realistic,
     )
     try:
         result = run_chaos(options, bootstrap)
