@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from schemas.kafka_security import PROPERTIES_VARIABLE, properties_bootstrap
+
 MAX_SAFE_INTEGER = 2**53 - 1
 DEFAULT_ENDPOINT = "https://api.typesafe.ai/v1/systemone"
 DEFAULT_MODEL = "jev-1.13.0"
@@ -564,12 +566,19 @@ def read_env(environ: Mapping[str, str] | None = None) -> RouterEnv:
     """Read and validate the environment (os.environ by default); a bad variable is a ConfigError naming it."""
     env = os.environ if environ is None else environ
     present = {name: value for name in ENV_NAMES if (value := env.get(name)) is not None and value.strip()}
+    # unset KAFKA_BOOTSTRAP_SERVERS: the bootstrap.servers of KAFKA_CLIENT_PROPERTIES, as a Java client reads it
+    listed = None if "KAFKA_BOOTSTRAP_SERVERS" in present else properties_bootstrap(env)
+    if listed is not None:
+        present["KAFKA_BOOTSTRAP_SERVERS"] = listed
     try:
         return RouterEnv.model_validate(present)
     except ValidationError as exc:
         first = exc.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else "environment"
         message = first["msg"].removeprefix("Value error, ")
+        if listed is not None and name == "KAFKA_BOOTSTRAP_SERVERS":
+            source = f"Kafka client properties ({env.get(PROPERTIES_VARIABLE, '').strip()})"
+            raise ConfigError(source, "bootstrap.servers", message) from None
         raise ConfigError("environment", name, message) from None
 
 

@@ -31,6 +31,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "whatif": ("streams.whatif_cmd", "re-decide recorded turns under a candidate configuration (no side effects)"),
     "topics": ("streams.topics_cmd", "list the app's topics with their settings and what is wrong (`--fix` corrects)"),
 }
+NO_KAFKA_CLIENT = {"kafka", "sandbox"}  # the local brokers and the simulated Chatwoot: no client security to check
+KEEP_TRYING = {"ingress", "worker"}  # refused by the cluster, they say so and keep trying (/healthz 503 with why)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -62,11 +64,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"chatwoot-router: {exc}", file=sys.stderr, flush=True)
         return EXIT_INVALID_CONFIG
     try:
+        refused = check_kafka_security(args)
+        if refused is not None:
+            return refused
         code: int = module.run(args)
     except ConfigError as exc:  # any command: an invalid configuration or environment is one line and exit 2
         print(str(exc), file=sys.stderr, flush=True)
         return EXIT_INVALID_CONFIG
     return code
+
+
+def check_kafka_security(args: argparse.Namespace) -> int | None:
+    """Every command that talks to Kafka checks its client security first (handlers/kafka/security.py): a bad
+    setting raises ConfigError (exit 2); with TLS or SASL, a broker that refuses the login or the certificate is
+    one line, and exit 2 for a command that would otherwise wait for it."""
+    if args.command in NO_KAFKA_CLIENT:
+        return None
+    from handlers.kafka.security import check_at_start, settings
+
+    if settings().protocol == "PLAINTEXT" or (args.command == "config" and args.action != "apply"):
+        return None
+    from schemas.config import read_env
+
+    failure = check_at_start(read_env().bootstrap)
+    if failure is None:
+        return None
+    keeps_trying = args.command in KEEP_TRYING
+    print(
+        f"chatwoot-router {args.command}: {failure}{'; retrying' if keeps_trying else ''}", file=sys.stderr, flush=True
+    )
+    return None if keeps_trying else EXIT_INVALID_CONFIG
 
 
 if __name__ == "__main__":

@@ -34,10 +34,11 @@ from handlers.demo.run import (
     load_bundled,
     main_outcome,
 )
+from handlers.kafka.security import brokers_answer
 from handlers.processes import ChildFailed, Supervisor
 from projections.logs.audit import describe_outcome
-from schemas.config import ConfigError, parse_config
-from streams.kafka.local import KafkaLaunchError, broker_answers, ensure_jars, port_in_use
+from schemas.config import ConfigError, parse_config, read_env
+from streams.kafka.local import KafkaLaunchError, ensure_jars, port_in_use
 
 RETRY_BASE_MS = 500
 SWEEP_INTERVAL_S = 20
@@ -100,7 +101,11 @@ def _say(text: str) -> None:
 
 
 def _start_everything(args: argparse.Namespace, work: Path, supervisor: Supervisor) -> dict[str, Any]:
-    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    # a cluster named by KAFKA_BOOTSTRAP_SERVERS, or by KAFKA_CLIENT_PROPERTIES (its bootstrap.servers, else
+    # localhost:9092): a secured cluster is never the demo's own plaintext broker
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or (
+        read_env().bootstrap if (os.environ.get("KAFKA_CLIENT_PROPERTIES") or "").strip() else None
+    )
     _check_ports(args, external_kafka=bool(external))
     sandbox_url = f"http://127.0.0.1:{args.sandbox_port}"
     ingress_url = f"http://127.0.0.1:{args.ingress_port}"
@@ -109,7 +114,7 @@ def _start_everything(args: argparse.Namespace, work: Path, supervisor: Supervis
 
     if external:
         bootstrap = external
-        if not broker_answers(bootstrap):
+        if not brokers_answer(bootstrap):  # with the client security of KAFKA_CLIENT_PROPERTIES, if any
             raise DemoError(
                 f"Kafka at {bootstrap} (KAFKA_BOOTSTRAP_SERVERS) is not reachable: start it, e.g. "
                 "`chatwoot-router kafka`, or unset KAFKA_BOOTSTRAP_SERVERS to let the demo start its own"

@@ -22,6 +22,7 @@ import sys
 
 from aiokafka import AIOKafkaConsumer
 
+from handlers.kafka.security import client_options
 from handlers.kafka.topic_io import durable_producer, topic_partitions
 from schemas.config import _APP_ID as APP_ID
 from streams.config_cmd import env_or_exit
@@ -68,6 +69,7 @@ async def replay_dlq(bootstrap: str, app_id: str, *, dry_run: bool) -> tuple[int
         group_id=f"{app_id}.dlq-replay",
         enable_auto_commit=False,
         auto_offset_reset="earliest",
+        **client_options(),
     )
     await consumer.start()
     published = skipped = 0

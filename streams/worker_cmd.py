@@ -24,6 +24,7 @@ from aiokafka.errors import KafkaError
 
 from handlers.kafka.config_store import apply as apply_config
 from handlers.kafka.config_store import ensure_configs_topic, read_book
+from handlers.kafka.security import client_options
 from handlers.kafka.topics import ensure_app_topics, log_topic_findings
 from handlers.logging_setup import configure_logging
 from handlers.worker.fencing import STARTING_AGAIN
@@ -85,7 +86,7 @@ async def prepare_topics(env: WorkerEnv) -> int:
     settings of DESIGN §4 (projections/topic_settings.py).
     """
     await ensure_app_topics(env.bootstrap, env.app_id, env.partitions, log_retention_ms=env.log_retention_ms)
-    admin = AIOKafkaAdminClient(bootstrap_servers=env.bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=env.bootstrap, **client_options())
     try:
         await admin.start()
         cluster = await admin.describe_cluster()

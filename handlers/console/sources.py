@@ -26,6 +26,7 @@ from handlers.console.build import SMALL_READ
 from handlers.console.live import LiveConsole
 from handlers.console.status import ConsoleStatus, TailStatus, WorkerStuck
 from handlers.kafka.config_store import read_book
+from handlers.kafka.security import client_options
 from handlers.logs.reader import FETCH_BYTES, plan
 from projections.console.model import ConsoleModel
 from projections.logs.scan import iso
@@ -96,6 +97,7 @@ class LogTail:
             group_id=None,
             auto_offset_reset="earliest",  # a position the log no longer holds: on from its start
             max_partition_fetch_bytes=FETCH_BYTES,
+            **client_options(),
         )
         await consumer.start()
         try:
@@ -194,9 +196,11 @@ class Sources:
 
     async def _group_lag(self) -> dict[str, int]:
         if self._admin is None or self._consumer is None:
-            self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+            self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **client_options())
             await self._admin.start()
-            self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+            self._consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap, enable_auto_commit=False, **client_options()
+            )
             await self._consumer.start()
         described = await self._admin.describe_topics(self.topics)
         partitions = [

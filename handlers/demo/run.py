@@ -19,6 +19,7 @@ import httpx
 import yaml
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from handlers.kafka.security import client_options
 from handlers.kafka.topic_io import topic_partitions
 from projections.logs.audit import ConversationTrail, LogReplay
 from schemas.config import RouterConfig
@@ -44,7 +45,7 @@ class LogWatcher:
         self.replay = LogReplay(config, retry_base_ms=retry_base_ms)
         self.positions: dict[int, int] = {}
         self._bootstrap = bootstrap
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **client_options())
         self._task: asyncio.Task[None] | None = None
         self._partitions: list[TopicPartition] = []
 

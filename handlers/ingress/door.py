@@ -31,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from handlers.ingress.connections import DEFAULT_READ_TIMEOUT_S, ConnectionGuard, start_guarded
 from handlers.ingress.producer_health import ProbeClient, breaks_producer, topic_min_isr, writable_now
+from handlers.kafka.security import auth_reason, client_options
 from handlers.kafka.topics import ensure_topics
 from handlers.logging_setup import log_line
 from projections.webhook import (
@@ -277,6 +278,7 @@ class KafkaWebhookWriter:
             enable_idempotence=True,
             request_timeout_ms=self._request_timeout_ms,
             linger_ms=0,
+            **client_options(),
         )
 
     def _connect_done(self, task: asyncio.Task[AIOKafkaProducer]) -> None:
@@ -680,7 +682,11 @@ async def _healthz(request: web.Request) -> web.Response:
     if isinstance(partitions, int):
         app[METRICS].writable_partitions.set(partitions)
     ok = config_ok and kafka
-    body = json.dumps({"ok": ok, "kafka": kafka}, separators=(",", ":"))
+    answer: dict[str, Any] = {"ok": ok, "kafka": kafka}
+    bootstrap = getattr(app[WRITER], "bootstrap", None)
+    if not kafka and isinstance(bootstrap, str) and (reason := auth_reason(bootstrap)) is not None:
+        answer["kafka_reason"] = reason  # a refused login or certificate (handlers/kafka/security.py), in one line
+    body = json.dumps(answer, separators=(",", ":"))
     return web.Response(status=200 if ok else 503, text=body, content_type="application/json")
 
 

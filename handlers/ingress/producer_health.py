@@ -34,6 +34,8 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
+from handlers.kafka.security import client_options
+
 MIN_ISR = "min.insync.replicas"
 
 
@@ -109,7 +111,9 @@ class ProbeClient:
 
     async def __call__(self) -> AIOKafkaClient:
         if self._client is None:
-            client = AIOKafkaClient(bootstrap_servers=self.bootstrap, request_timeout_ms=self._request_timeout_ms)
+            client = AIOKafkaClient(
+                bootstrap_servers=self.bootstrap, request_timeout_ms=self._request_timeout_ms, **client_options()
+            )
             try:
                 await client.bootstrap()
             except BaseException:
@@ -128,7 +132,7 @@ class ProbeClient:
 
 async def topic_min_isr(bootstrap: str, topic: str, *, request_timeout_ms: int = 5000) -> int | None:
     """The topic's `min.insync.replicas` (its own or the broker default), None when it cannot be read."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms, **client_options())
     try:
         await admin.start()
         responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic, {MIN_ISR: None})])

@@ -15,6 +15,8 @@ import contextlib
 
 from aiokafka.admin import AIOKafkaAdminClient
 
+from handlers.kafka.security import client_options
+
 RETRY_S = 0.05
 
 
@@ -37,7 +39,9 @@ class ClusterProbe:
 
     async def _client(self) -> AIOKafkaAdminClient:
         if self._admin is None:
-            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=self._request_timeout_ms)
+            admin = AIOKafkaAdminClient(
+                bootstrap_servers=self.bootstrap, request_timeout_ms=self._request_timeout_ms, **client_options()
+            )
             try:
                 await admin.start()
             except BaseException:

@@ -21,13 +21,17 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from handlers.kafka.security import client_options
+
 Progress = Callable[[int, float], None]
 
 
 @asynccontextmanager
 async def durable_producer(bootstrap: str, **options: Any) -> AsyncIterator[AIOKafkaProducer]:
     """A started producer that waits for all in-sync replicas and never duplicates a retried send."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, **options)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, **client_options(), **options
+    )
     await producer.start()
     try:
         yield producer
@@ -37,7 +41,7 @@ async def durable_producer(bootstrap: str, **options: Any) -> AsyncIterator[AIOK
 
 async def topic_partitions(bootstrap: str, topic: str) -> list[TopicPartition]:
     """The topic's partitions, from the brokers' metadata; LookupError when the topic does not exist."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options())
     await admin.start()
     try:
         described = await admin.describe_topics([topic])
@@ -54,7 +58,7 @@ async def group_members(bootstrap: str, group: str) -> dict[str, set[tuple[str, 
     (which starts with its client id); empty when the group has no member or does not exist."""
     from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options())
     await admin.start()
     try:
         responses = await admin.describe_consumer_groups([group])
@@ -80,7 +84,7 @@ async def read_topic(
 ) -> int:
     """Feed every record of `topic` (as of now) to `on_record`, partition by partition in offset order."""
     assigned = await topic_partitions(bootstrap, topic)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **client_options())
     await consumer.start()
     try:
         consumer.assign(assigned)

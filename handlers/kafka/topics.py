@@ -19,6 +19,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, for_code
 
 from handlers.kafka.alter_configs import set_topic_configs
+from handlers.kafka.security import client_options
 from projections.topic_settings import (
     TABLES,
     WORKER_KINDS,
@@ -81,7 +82,7 @@ async def ensure_topics(
     """
     if not topics:
         return
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms, **client_options())
     try:
         await admin.start()
         existing = set(await admin.list_topics())
@@ -143,7 +144,7 @@ async def inspect_topics(
     bootstrap: str, app_id: str, log_retention_ms: int | None = None, *, request_timeout_ms: int = 10_000
 ) -> TopicReport:
     """Describe every topic of the app (partitions, replicas, effective settings) and check it."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms, **client_options())
     try:
         await admin.start()
         brokers = len((await admin.describe_cluster())["brokers"])
@@ -159,7 +160,7 @@ async def fix_topics(
     """Set the given settings in place (incremental alter configs); returns topic -> error for refusals."""
     if not changes:
         return {}
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms, **client_options())
     try:
         await admin.start()
         return await set_topic_configs(admin, changes)

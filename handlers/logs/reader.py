@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
+from handlers.kafka.security import client_options
 from handlers.kafka.topic_io import topic_partitions
 from projections.logs.scan import History, PartitionHead, missing_before
 from schemas.records import MARKER_KEY
@@ -128,6 +129,7 @@ async def log_consumer(bootstrap: str, fetch_bytes: int = FETCH_BYTES) -> AsyncI
         max_partition_fetch_bytes=fetch_bytes,
         fetch_max_bytes=4 * fetch_bytes,
         fetch_max_wait_ms=100,
+        **client_options(),
     )
     await consumer.start()
     try:

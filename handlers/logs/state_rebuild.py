@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.structs import OffsetAndMetadata
 
 from handlers.kafka.config_store import configs_topic, read_book
+from handlers.kafka.security import client_options
 from handlers.kafka.topic_io import durable_producer, group_members, read_topic, topic_partitions
 from handlers.kafka.topics import ensure_app_topics
 from handlers.logs.progress import ReadProgress
@@ -80,7 +81,7 @@ async def _copy_configs(bootstrap: str, source: str, target: str, producer: AIOK
 
 async def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     partitions = await topic_partitions(bootstrap, topic)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **client_options())
     await consumer.start()
     try:
         ends = await consumer.end_offsets(partitions)
@@ -95,7 +96,9 @@ async def _set_group_offsets(bootstrap: str, app_id: str) -> None:
     for name in ("conversations", "sweeps", "effects"):
         for partition, end in (await _end_offsets(bootstrap, f"{app_id}.{name}")).items():
             offsets[TopicPartition(f"{app_id}.{name}", partition)] = OffsetAndMetadata(end, "replay state")
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=app_id, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=app_id, enable_auto_commit=False, **client_options()
+    )
     await consumer.start()
     try:
         consumer.assign(list(offsets))

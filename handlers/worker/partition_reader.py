@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from handlers.kafka.security import client_options
 from handlers.worker.ports import SourceRecord
 
 log = logging.getLogger("chatwoot_router.worker")
@@ -45,11 +46,12 @@ class PartitionReader:
                 group_id=None,
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
+                **client_options(),
             )
             await consumer.start()
             self._consumer = consumer
         if self._admin is None:
-            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **client_options())
             await admin.start()
             self._admin = admin
         return self._consumer, self._admin

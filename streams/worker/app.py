@@ -37,6 +37,7 @@ from handlers.clients.budget import budget_for
 from handlers.clients.chatwoot import ChatwootClient
 from handlers.kafka.cluster_probe import ClusterProbe
 from handlers.kafka.config_store import read_book
+from handlers.kafka.security import auth_reason, faust_credentials
 from handlers.kafka.topics import TABLES
 from handlers.worker.barrier import Barrier
 from handlers.worker.chatwoot_gate import ChatwootGate
@@ -115,6 +116,8 @@ class WorkerApp:
         self.app = faust.App(
             env.app_id,
             broker=broker_urls(env.bootstrap),  # streams/worker/transport.py: the short fetch long-poll
+            # TLS and SASL for Faust's consumer, producer and topic creation (handlers/kafka/security.py)
+            broker_credentials=faust_credentials(),
             store="rocksdb://",
             datadir=str(env.data_dir),
             processing_guarantee="at_least_once",
@@ -226,6 +229,8 @@ class WorkerApp:
             async def get(self, request: Request) -> Response:
                 ok = worker.ready() and worker.broker_ok and worker.gate.is_open
                 body: dict[str, Any] = {"ok": ok, "kafka": worker.broker_ok}
+                if not worker.broker_ok and (reason := auth_reason(worker.env.bootstrap)) is not None:
+                    body["kafka_reason"] = reason  # a refused login or certificate, in one line
                 if worker.gate.reason is not None:
                     body["chatwoot"] = worker.gate.reason  # why nothing is routed, in one line
                 return self.json(body, status=200 if ok else 503)
