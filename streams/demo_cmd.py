@@ -57,6 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sandbox-port", type=int, default=3000, help="sandbox port (default 3000)")
     parser.add_argument("--ingress-port", type=int, default=8080, help="ingress port (default 8080)")
     parser.add_argument("--worker-port", type=int, default=6066, help="worker web port (default 6066)")
+    parser.add_argument(
+        "--realistic",
+        action="store_true",
+        help="the sandbox as rough as the real Chatwoot: its rate limit, webhooks concurrent, reordered, duplicated",
+    )
 
 
 def _check_ports(args: argparse.Namespace, external_kafka: bool) -> None:
@@ -158,6 +163,7 @@ def _start_everything(args: argparse.Namespace, work: Path, supervisor: Supervis
             f"{ingress_url}/chatwoot/agent-bot",
             "--retry-delay",
             "1",
+            *(["--realistic", "--seed", "3"] if args.realistic else []),
         ],
     )
     sandbox.wait_for_line(r"ready url=", 30)

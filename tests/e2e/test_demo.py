@@ -1,7 +1,8 @@
 """`chatwoot-router demo` end to end: every bundled conversation ends the way its script expects.
 
 The demo runs as a user would start it (a subprocess of the installed command), against the session's broker,
-with its own sandbox, ingress and worker; the test reads the JSON report it writes.
+with its own sandbox, ingress and worker; the test reads the JSON report it writes. It runs twice: against the
+kind sandbox and against the realistic one (issue 30), with the same outcomes.
 """
 
 from __future__ import annotations
@@ -12,12 +13,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from streams.kafka.local import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_demo_routes_every_bundled_conversation_as_expected(kafka_bootstrap: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", [[], ["--realistic"]], ids=["kind", "realistic"])
+def test_demo_routes_every_bundled_conversation_as_expected(
+    kafka_bootstrap: str, tmp_path: Path, mode: list[str]
+) -> None:
     report = tmp_path / "report.json"
     ports = [str(free_port()) for _ in range(3)]
     result = subprocess.run(
@@ -36,6 +42,7 @@ def test_demo_routes_every_bundled_conversation_as_expected(kafka_bootstrap: str
             ports[1],
             "--worker-port",
             ports[2],
+            *mode,
         ],
         cwd=ROOT,
         env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
