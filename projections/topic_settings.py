@@ -68,6 +68,12 @@ def changelog_topic(app_id: str, table: str) -> str:
     return f"{app_id}-{table}-changelog"
 
 
+def leader_topic(app_id: str) -> str:
+    """The topic Faust's leader assignor declares at every start (one partition, Faust's default settings): a
+    worker without Create can only start when an administrator made it ahead (`config apply`, `topics --fix`)."""
+    return f"{app_id}-__assignor-__leader"
+
+
 def app_topics(app_id: str) -> dict[str, Kind]:
     """Every topic of the app, in the order `chatwoot-router topics` lists them."""
     names: dict[str, Kind] = {f"{app_id}.{kind.value}": kind for kind in Kind if kind is not Kind.CHANGELOG}

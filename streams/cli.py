@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from schemas.config import ConfigError
 
 EXIT_INVALID_CONFIG = 2
+EXIT_REFUSED = 1  # the cluster refused this principal a right the command needs (handlers/kafka/authorization.py)
 
 # name -> (module that defines `add_arguments(parser)` and `run(args) -> int`, one-line help)
 # Only commands that exist are listed here.
@@ -30,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "console": ("streams.console_cmd", "serve the read-only operator console (overview, conversation timelines)"),
     "whatif": ("streams.whatif_cmd", "re-decide recorded turns under a candidate configuration (no side effects)"),
     "topics": ("streams.topics_cmd", "list the app's topics with their settings and what is wrong (`--fix` corrects)"),
+    "acls": ("streams.admin.acls_cmd", "print the ACLs each role needs as kafka-acls lines (`--apply` creates them)"),
 }
 NO_KAFKA_CLIENT = {"kafka", "sandbox"}  # the local brokers and the simulated Chatwoot: no client security to check
 KEEP_TRYING = {"ingress", "worker"}  # refused by the cluster, they say so and keep trying (/healthz 503 with why)
@@ -71,6 +73,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:  # any command: an invalid configuration or environment is one line and exit 2
         print(str(exc), file=sys.stderr, flush=True)
         return EXIT_INVALID_CONFIG
+    except Exception as exc:  # a right the cluster's authorizer refused: one line naming it, never a traceback
+        from handlers.kafka.authorization import refusal_reason
+
+        line = refusal_reason(exc)
+        if line is None:
+            raise
+        print(f"chatwoot-router {args.command}: {line}", file=sys.stderr, flush=True)
+        return EXIT_REFUSED
     return code
 
 
@@ -78,7 +88,7 @@ def check_kafka_security(args: argparse.Namespace) -> int | None:
     """Every command that talks to Kafka checks its client security first (handlers/kafka/security.py): a bad
     setting raises ConfigError (exit 2); with TLS or SASL, a broker that refuses the login or the certificate is
     one line, and exit 2 for a command that would otherwise wait for it."""
-    if args.command in NO_KAFKA_CLIENT:
+    if args.command in NO_KAFKA_CLIENT or (args.command == "acls" and not args.apply):
         return None
     from handlers.kafka.security import check_at_start, settings
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from projections.acls import Operation
 from schemas.config import ConfigError, RouterEnv, Settings, load_config_file, load_settings, read_env
 
 EXIT_INVALID_CONFIG = 2
@@ -86,7 +87,11 @@ def apply_file(path: str) -> int:
         print(f"configuration not applied: {exc}", file=sys.stderr)
         return 1
     except (LookupError, KafkaError, OSError) as exc:
-        print(f"configuration not applied: kafka at {env.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        from handlers.kafka.authorization import refusal_reason
+
+        refused = refusal_reason(exc, topic_operation=Operation.WRITE)  # which right, for whom, in one line
+        detail = refused or f"{type(exc).__name__}: {exc}"
+        print(f"configuration not applied: kafka at {env.bootstrap}: {detail}", file=sys.stderr)
         return 1
     if markers is None:
         print(f"configuration version {document.version} is already in force")

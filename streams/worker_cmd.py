@@ -22,6 +22,7 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from handlers.kafka.authorization import refusal_reason
 from handlers.kafka.config_store import apply as apply_config
 from handlers.kafka.config_store import ensure_configs_topic, read_book
 from handlers.kafka.security import client_options
@@ -39,6 +40,8 @@ log = logging.getLogger("chatwoot_router.worker")
 STARTING_AGAIN_START = "kafka failed the worker's start" + STARTING_AGAIN
 STARTING_AGAIN_RUN = "a kafka error stopped the running worker" + STARTING_AGAIN
 BROKER_RETRY_S = 0.5  # between attempts while a starting worker waits for the broker (no cap on the wait)
+REFUSED_RETRY_S = 5.0  # ... and while the cluster refuses it a right: an administrator's grant takes a while
+REFUSED_VARIABLE = "ROUTER_WORKER_REFUSED"  # the refusal already logged, kept across a restart in the same process
 DEFAULT_WEB_PORT = 6066
 DEFAULT_WEB_HOST = "127.0.0.1"
 TOPICS = ("conversations", "effects", "sweeps", "dlq")
@@ -128,6 +131,11 @@ def wait_for_kafka(settings: Settings, env: WorkerEnv) -> tuple[int, ConfigBook]
                 replication = asyncio.run(prepare_topics(env))
                 book = asyncio.run(prepare_configuration(settings, env))
             except Exception as exc:
+                refused = refusal_reason(exc)
+                if refused is not None:  # one line per refusal (not per attempt), no traceback, and wait
+                    report_refusal(refused)
+                    stop.wait(REFUSED_RETRY_S)
+                    continue
                 log.warning(
                     "waiting for kafka",
                     extra={
@@ -162,7 +170,13 @@ def run(args: argparse.Namespace) -> int:
     asyncio.set_event_loop(loop)
     try:
         worker_app = build_worker(
-            settings, env, web_host=args.web_host, web_port=args.web_port, replication_factor=replication, book=book
+            settings,
+            env,
+            web_host=args.web_host,
+            web_port=args.web_port,
+            replication_factor=replication,
+            book=book,
+            declare_topics=False,  # wait_for_kafka made every topic: a worker needs no Create (projections/acls)
         )
     except InternalsChanged as exc:  # streams/worker/internals.py: one line, never a worker on unknown internals
         print(f"chatwoot-router worker: {exc}", file=sys.stderr, flush=True)
@@ -179,10 +193,22 @@ def run(args: argparse.Namespace) -> int:
         worker.execute_from_commandline()  # raises SystemExit when the worker stops
     except SystemExit as stopped:
         error = worker.start_error or worker.crash_reason
-        if stopped.code and is_broker_fault(error) and not stop_requested(BROKER_RETRY_S):
-            start_again(error, while_starting=worker.start_error is not None)
+        refused = refusal_reason(error) if error is not None else None
+        if refused is not None:
+            report_refusal(refused)  # which right, on what, for whom: once, then the worker waits and tries again
+        pause = REFUSED_RETRY_S if refused is not None else BROKER_RETRY_S
+        if stopped.code and is_broker_fault(error) and not stop_requested(pause):
+            start_again(error, while_starting=worker.start_error is not None, quiet=refused is not None)
         raise
     return 0
+
+
+def report_refusal(line: str) -> None:
+    """Log the authorizer's refusal once: again only when it changes, also across `start_again` (the line is
+    handed to the restarted process in its environment; it holds no password)."""
+    if os.environ.get(REFUSED_VARIABLE) != line:
+        log.error(line)
+        os.environ[REFUSED_VARIABLE] = line
 
 
 def is_broker_fault(error: BaseException | None) -> bool:
@@ -203,10 +229,11 @@ def stop_requested(seconds: float) -> bool:
             signal.signal(signum, handler)
 
 
-def start_again(error: BaseException | None, *, while_starting: bool) -> None:
+def start_again(error: BaseException | None, *, while_starting: bool, quiet: bool = False) -> None:
     """Replace this process by a fresh start of the same command: Faust's app cannot start twice in one process,
-    and a supervisor should not see an exit for what is the broker's fault."""
-    log.warning(
+    and a supervisor should not see an exit for what is the broker's fault. `quiet`: the refusal line said why."""
+    log.log(
+        logging.DEBUG if quiet else logging.WARNING,
         STARTING_AGAIN_START if while_starting else STARTING_AGAIN_RUN,
         extra={"error_type": type(error).__name__, "error": str(error)[:200]},
     )

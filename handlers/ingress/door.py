@@ -31,9 +31,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from handlers.ingress.connections import DEFAULT_READ_TIMEOUT_S, ConnectionGuard, start_guarded
 from handlers.ingress.producer_health import ProbeClient, breaks_producer, topic_min_isr, writable_now
+from handlers.kafka.authorization import refusal_reason
 from handlers.kafka.security import auth_reason, client_options
 from handlers.kafka.topics import ensure_topics
 from handlers.logging_setup import log_line
+from projections.acls import Operation
 from projections.webhook import (
     MAX_BODY_BYTES,
     TIMESTAMP_TOLERANCE_S,
@@ -157,6 +159,7 @@ class KafkaWebhookWriter:
         self._unavailable_logged = False
         self.replacements = 0
         self.writable_partitions: int | None = None  # how many partitions the last probe found writable
+        self.refusal: str | None = None  # the authorizer's last refusal (handlers/kafka/authorization.py), one line
 
     async def connect(self) -> None:
         """Create the topic if missing and start the producer (also done lazily by `write`)."""
@@ -173,11 +176,13 @@ class KafkaWebhookWriter:
             if self._failing_since is None or previous is None or now - previous >= 2 * self._shut_after_s:
                 self._failing_since = now  # a new run of failures (an old one, long quiet, does not count)
             self._last_failure = now
+            self._note_refusal(exc)
             if producer is not None and breaks_producer(exc):
                 self._replace(producer, exc)
             raise
         self._last_success = time.monotonic()
         self._failing_since = None
+        self.refusal = None
         if self._unavailable_logged:
             self._unavailable_logged = False
             log.info("kafka writes resumed", extra={"topic": self.topic})
@@ -290,9 +295,21 @@ class KafkaWebhookWriter:
             return
         self._connect_failed_at = time.monotonic()
         self._last_failure = self._connect_failed_at
+        if self._note_refusal(error):
+            return
         if not self._unavailable_logged:  # once per outage, not once per attempt
             self._unavailable_logged = True
             log.warning("kafka unavailable", extra={"topic": self.topic, "error_type": type(error).__name__})
+
+    def _note_refusal(self, error: BaseException) -> bool:
+        """Whether `error` is the authorizer refusing a right; its line is logged once (again when it changes)
+        and served on /healthz as `kafka_reason`, while the door keeps trying."""
+        line = refusal_reason(error, topic_operation=Operation.WRITE)
+        if line is not None and line != self.refusal:
+            log.error(line)
+        if line is not None:
+            self.refusal = line
+        return line is not None
 
     def _replace(self, producer: AIOKafkaProducer, error: BaseException) -> None:
         """Retire `producer` unless another failure already did; the next write makes a fresh one."""
@@ -686,6 +703,8 @@ async def _healthz(request: web.Request) -> web.Response:
     bootstrap = getattr(app[WRITER], "bootstrap", None)
     if not kafka and isinstance(bootstrap, str) and (reason := auth_reason(bootstrap)) is not None:
         answer["kafka_reason"] = reason  # a refused login or certificate (handlers/kafka/security.py), in one line
+    elif not kafka and isinstance(refused := getattr(app[WRITER], "refusal", None), str):
+        answer["kafka_reason"] = refused  # a right the authorizer refused (handlers/kafka/authorization.py)
     body = json.dumps(answer, separators=(",", ":"))
     return web.Response(status=200 if ok else 503, text=body, content_type="application/json")
 

@@ -30,6 +30,7 @@ from projections.topic_settings import (
     changelog_topic,
     check_topics,
     kind_of,
+    leader_topic,
     replication_for,
     topic_configs,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "changelog_topic",
     "ensure_app_topics",
     "ensure_topics",
+    "existing_topics",
     "fix_topics",
     "inspect_topics",
     "log_topic_findings",
@@ -109,22 +111,36 @@ async def ensure_topics(
 
 
 def app_topic_partitions(app_id: str, partitions: int) -> dict[str, int]:
-    """Every topic a worker of the app uses, with its partition count (`configs` has one partition)."""
+    """Every topic a worker of the app uses, with its partition count (`configs` has one partition), Faust's own
+    included: its tables' changelogs and its leader topic (one partition, as Faust declares it). A worker with only
+    its role's ACLs (no Create, projections/acls) starts only when all of them exist."""
     counts = {f"{app_id}.{kind.value}": partitions for kind in WORKER_KINDS}
     counts[f"{app_id}.{Kind.CONFIGS.value}"] = 1
     counts.update({changelog_topic(app_id, table): partitions for table in TABLES})
+    counts[leader_topic(app_id)] = 1
     return counts
 
 
 async def ensure_app_topics(
     bootstrap: str, app_id: str, partitions: int, *, log_retention_ms: int | None = None
 ) -> None:
-    """Create whatever the app lacks of its topics and changelogs, exactly as a starting worker does.
+    """Create whatever the app lacks of its topics, changelogs and Faust's leader topic, exactly as a starting
+    worker does (an administrator's `config apply` and `topics --fix` run it, so workers need no Create).
 
     The changelogs are created here, before Faust starts, because Faust's own creation can lose a race with its
     first assignment ("Ignoring missing topic"), after which every write to that table fails (PartitionsMismatch).
     """
     await ensure_topics(bootstrap, app_topic_partitions(app_id, partitions), log_retention_ms=log_retention_ms)
+
+
+async def existing_topics(bootstrap: str, names: list[str], *, request_timeout_ms: int = 10_000) -> set[str]:
+    """Which of `names` exist (and this client may see: Describe)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms, **client_options())
+    try:
+        await admin.start()
+        return set(await admin.list_topics()) & set(names)
+    finally:
+        await admin.close()
 
 
 @dataclass(frozen=True)

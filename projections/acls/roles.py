@@ -13,6 +13,9 @@ apps on one cluster ids that are not such prefixes of each other.
   commits in the app's group; no Create: topics are made ahead by an administrator (`config apply`, `topics --fix`).
 - reader (console, audit, whatif): reads and describes every topic of the app, and describes the group (the console
   shows the workers' lag from its committed offsets); it cannot write, nor join the group (that needs Read on it).
+- replay (`replay state --to-app TARGET`): reads and describes the source app's topics, and may do anything (All)
+  on the target app's topics (`TARGET.`, `TARGET-`) and its group, which it creates and fills; an idempotent
+  producer. Nothing on the source is written, nor its group touched.
 - admin (`config apply`, `topics --fix`, `acls --apply`) on a cluster where it is no super user: creates and alters
   the app's topics and their settings, writes `configs`, and alters the cluster's ACLs (Alter on the cluster, which
   is as much as a super user: give it to an administrator only).
@@ -36,6 +39,12 @@ class Role(StrEnum):
     INGRESS = "ingress"
     WORKER = "worker"
     READER = "reader"
+    REPLAY = "replay"
+
+
+SERVICE_ROLES = (Role.ADMIN, Role.INGRESS, Role.WORKER, Role.READER)
+"""The roles of the running router's processes (the secured local Kafka makes a user for each); `replay` is an
+operator's occasional task and needs a target app id."""
 
 
 class Resource(StrEnum):
@@ -52,6 +61,7 @@ class Pattern(StrEnum):
 class Operation(StrEnum):
     """Kafka's ACL operations the roles use, spelled as `kafka-acls --operation` takes them."""
 
+    ALL = "All"
     READ = "Read"
     WRITE = "Write"
     CREATE = "Create"
@@ -92,9 +102,20 @@ def _cluster(*operations: Operation) -> Grant:
     return Grant(Resource.CLUSTER, CLUSTER_NAME, Pattern.LITERAL, operations)
 
 
-def grants(role: Role, app_id: str) -> list[Grant]:
-    """The table of `role` for the app `app_id`."""
+def grants(role: Role, app_id: str, target: str | None = None) -> list[Grant]:
+    """The table of `role` for the app `app_id`; `target` is the app id `replay state --to-app` builds (needed
+    by, and only by, the replay role)."""
     op = Operation
+    if (role is Role.REPLAY) != (target is not None):
+        raise ValueError("the replay role, and only it, needs the target app id (replay state --to-app)")
+    if role is Role.REPLAY:
+        assert target is not None
+        return [
+            *_topics(app_id, op.READ, op.DESCRIBE, op.DESCRIBE_CONFIGS),
+            *_topics(target, op.ALL),
+            Grant(Resource.GROUP, target, Pattern.LITERAL, (op.ALL,)),
+            _cluster(op.IDEMPOTENT_WRITE),
+        ]
     if role is Role.INGRESS:
         return [
             Grant(
@@ -139,12 +160,13 @@ def check_principal(principal: str) -> str:
     return principal
 
 
-def acls_for(app_id: str, principals: Mapping[Role, str]) -> list[Acl]:
-    """Every ACL the given roles' principals need for `app_id`, one per operation, in a stable order."""
+def acls_for(app_id: str, principals: Mapping[Role, str], *, replay_target: str | None = None) -> list[Acl]:
+    """Every ACL the given roles' principals need for `app_id`, one per operation, in a stable order;
+    `replay_target` is the target app id of the replay role (a ValueError when that role is given without it)."""
     found = {
         Acl(check_principal(principal), grant.resource, grant.name, grant.pattern, operation)
         for role, principal in principals.items()
-        for grant in grants(role, app_id)
+        for grant in grants(role, app_id, replay_target if role is Role.REPLAY else None)
         for operation in grant.operations
     }
     return sorted(found)

@@ -12,11 +12,11 @@ Listeners of each node, both on 127.0.0.1:
   because KRaft controllers cannot read SCRAM credentials, which live in the metadata they serve.
 
 The StandardAuthorizer refuses what no ACL allows (`allow.everyone.if.no.acl.found=false`); `admin` and the nodes
-are the super users. One SCRAM user per role (`projections.acls.Role`) is made when the storage is formatted
-(`--add-scram`), with a random password drawn at first start and kept in `<data-dir>/secrets/passwords.json`
-(0600, directory 0700); the storage tool reads it from an argument file of the same mode, never from its command
-line, so no password shows in a process list or in the launcher's output. `<data-dir>/clients/` holds one Java
-client properties file per role (0600) and `ca.pem`, rewritten at each start.
+are the super users. One SCRAM user per role of the running router (`projections.acls.SERVICE_ROLES`) is
+made when the storage is formatted (`--add-scram`), with a random password drawn at first start and kept in
+`<data-dir>/secrets/passwords.json` (0600, directory 0700); the storage tool reads it from an argument file of
+the same mode, never from its command line, so no password shows in a process list or in the launcher's output.
+`<data-dir>/clients/` holds one Java client properties file per role (0600) and `ca.pem`, rewritten at each start.
 """
 
 from __future__ import annotations
@@ -32,15 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from projections.acls import Acl, Role, acls_for
-from streams.kafka import acl_admin
+from handlers.kafka import acl_admin
+from projections.acls import SERVICE_ROLES, Acl, Role, acls_for
 from streams.kafka.tls import NODE_PRINCIPAL, TlsFiles, ensure_certificates
 
 MECHANISM = "SCRAM-SHA-512"
 CLIENT_LISTENER = "SASL_SSL"
 CONTROLLER_LISTENER = "CONTROLLER"
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
-PROPERTIES_FILES = {role: f"{role.value}.properties" for role in Role}
+PROPERTIES_FILES = {role: f"{role.value}.properties" for role in SERVICE_ROLES}
 _PASSWORDS = Path("secrets") / "passwords.json"
 
 
@@ -66,7 +66,7 @@ class SecureSetup:
 
     def role_acls(self, app_id: str) -> list[Acl]:
         """The ACLs of every role user but `admin` (a super user) for `app_id`."""
-        return acls_for(app_id, {role: self.principal(role) for role in Role if role is not Role.ADMIN})
+        return acls_for(app_id, {role: self.principal(role) for role in SERVICE_ROLES if role is not Role.ADMIN})
 
     def server_settings(self, port: int, controller_port: int, advertised_port: int | None = None) -> dict[str, str]:
         """What a node's server.properties says, on top of the plaintext node's, to serve as described above."""
@@ -94,7 +94,7 @@ class SecureSetup:
     def scram_argument_file(self) -> Path:
         """A java @argument file with the storage tool's `--add-scram` options for every role (mode 0600)."""
         lines: list[str] = []
-        for role in Role:
+        for role in SERVICE_ROLES:
             lines += ["--add-scram", f"{MECHANISM}=[name={role.value},password={self.passwords[role]}]"]
         path = self.root / "secrets" / "add-scram.args"
         _write_private(path, "\n".join(lines) + "\n")
@@ -159,10 +159,10 @@ def _passwords(path: Path) -> dict[Role, str]:
     if path.exists():
         try:
             saved = json.loads(path.read_text(encoding="utf-8"))
-            return {role: str(saved[role.value]) for role in Role}
+            return {role: str(saved[role.value]) for role in SERVICE_ROLES}
         except (ValueError, KeyError, TypeError):
             raise SecureSetupError(f"{path} is not the passwords file this tool writes: use a new --data-dir") from None
-    made = {role: secrets.token_urlsafe(24) for role in Role}  # [A-Za-z0-9_-]: nothing to quote anywhere
+    made = {role: secrets.token_urlsafe(24) for role in SERVICE_ROLES}  # [A-Za-z0-9_-]: nothing to quote anywhere
     _private_dir(path.parent)
     _write_private(path, json.dumps({role.value: password for role, password in made.items()}, indent=2) + "\n")
     return made

@@ -102,7 +102,12 @@ class WorkerApp:
         metrics: WorkerMetrics | None = None,
         now_ms: Callable[[], int] = wall_clock_ms,
         write_cache: bool = WRITE_CACHE,
+        declare_topics: bool = True,
     ) -> None:
+        """`declare_topics=False`: Faust creates no topic (its leader topic, changelogs and sources were all made
+        before it starts, `handlers.kafka.topics.ensure_app_topics`), so a worker without the Create right starts:
+        Faust asks CreateTopics for any topic its producer's metadata does not list yet, and the broker checks the
+        right before it looks whether the topic exists."""
         check_internals()  # streams/worker/internals.py: refuse a Faust or aiokafka the worker was not written for
         self.env = env
         own = ConfigDocument.of(settings.config, FoldSettings(retry_base_ms=env.retry_base_ms))
@@ -123,6 +128,7 @@ class WorkerApp:
             processing_guarantee="at_least_once",
             topic_partitions=env.partitions,
             topic_replication_factor=replication_factor,
+            topic_allow_declare=declare_topics,
             consumer_auto_offset_reset="earliest",
             web_host=web_host,
             web_bind=web_host,

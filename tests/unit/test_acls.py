@@ -9,12 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from projections.acls import CLUSTER_NAME, Acl, Operation, Pattern, Resource, Role, acls_for, kafka_acls_commands
+from projections.acls import (
+    CLUSTER_NAME,
+    SERVICE_ROLES,
+    Acl,
+    Operation,
+    Pattern,
+    Refusal,
+    Resource,
+    Role,
+    acls_for,
+    kafka_acls_commands,
+    refusal_line,
+)
 from streams.kafka.secure import apply_settings, client_properties, prepare
 from streams.kafka.tls import NODE_RENEW_BEFORE, NODE_VALIDITY, ensure_certificates
 
 APP = "chatwoot-router"
-PRINCIPALS = {role: f"User:{role.value}" for role in Role}
+PRINCIPALS = {role: f"User:{role.value}" for role in SERVICE_ROLES}
 WRITES = {Operation.WRITE, Operation.CREATE, Operation.ALTER, Operation.ALTER_CONFIGS}
 
 
@@ -53,7 +65,7 @@ def test_a_reader_reads_and_describes_but_neither_writes_nor_joins_the_group() -
 
 
 def test_only_the_admin_creates_or_alters() -> None:
-    for role in Role:
+    for role in SERVICE_ROLES:
         changes = {right for right in table(role) if right[3] in WRITES - {Operation.WRITE}}
         assert bool(changes) == (role is Role.ADMIN), role
     assert (Resource.CLUSTER, CLUSTER_NAME, Pattern.LITERAL, Operation.ALTER) in table(Role.ADMIN)  # acls --apply
@@ -65,6 +77,39 @@ def test_one_principal_in_two_roles_gets_each_right_once_in_a_stable_order() -> 
     idempotent = Acl("User:door", Resource.CLUSTER, CLUSTER_NAME, Pattern.LITERAL, Operation.IDEMPOTENT_WRITE)
     assert both.count(idempotent) == 1
     assert acls_for(APP, {}) == []
+
+
+def test_replay_reads_the_source_and_owns_the_target_prefix_only() -> None:
+    rights = {
+        (a.resource, a.name, a.pattern, a.operation)
+        for a in acls_for(APP, {Role.REPLAY: "User:ops"}, replay_target="green")
+    }
+    source = {right for right in rights if right[1].startswith(APP)}
+    assert {operation for *_, operation in source} == {Operation.READ, Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS}
+    assert not any(resource is Resource.GROUP for resource, *_ in source)  # the source's group is never touched
+    for prefix in ("green.", "green-"):
+        assert (Resource.TOPIC, prefix, Pattern.PREFIXED, Operation.ALL) in rights
+    assert (Resource.GROUP, "green", Pattern.LITERAL, Operation.ALL) in rights
+    assert (Resource.CLUSTER, CLUSTER_NAME, Pattern.LITERAL, Operation.IDEMPOTENT_WRITE) in rights
+    assert len(rights) == 10
+    line = " ".join(kafka_acls_commands(acls_for(APP, {Role.REPLAY: "User:ops"}, replay_target="green")))
+    assert "--operation All --topic green. --resource-pattern-type prefixed" in line
+
+
+def test_the_replay_role_needs_its_target_and_the_others_refuse_one() -> None:
+    with pytest.raises(ValueError, match="target app id"):
+        acls_for(APP, {Role.REPLAY: "User:ops"})
+    assert acls_for(APP, {Role.READER: "User:r"}, replay_target="green") == acls_for(APP, {Role.READER: "User:r"})
+
+
+def test_a_refusal_names_the_right_the_resource_and_the_principal() -> None:
+    create = refusal_line(Refusal("User:worker", Operation.CREATE, Resource.TOPIC, f"{APP}-__assignor-__leader"))
+    assert create.startswith(f"kafka refused User:worker the right Create on topic '{APP}-__assignor-__leader': ")
+    assert "config apply" in create and "\n" not in create
+    group = refusal_line(Refusal("User:reader", Operation.READ, Resource.GROUP, APP))
+    assert group.startswith(f"kafka refused User:reader the right Read on group '{APP}': ") and "acls --apply" in group
+    cluster = refusal_line(Refusal("User:x", Operation.IDEMPOTENT_WRITE, Resource.CLUSTER))
+    assert cluster.startswith("kafka refused User:x the right IdempotentWrite on the cluster: ")
 
 
 @pytest.mark.parametrize("principal", ["ingress", "User:", ":ingress", "User:in gress", "User:a\nb"])
@@ -105,7 +150,7 @@ def test_a_data_dir_keeps_its_passwords_and_ca_and_its_nodes_enforce_acls(tmp_pa
     first = prepare(tmp_path)
     again = prepare(tmp_path)
     assert again.passwords == first.passwords
-    assert len(set(first.passwords.values())) == len(Role)
+    assert len(set(first.passwords.values())) == len(SERVICE_ROLES)
     assert again.tls.ca.read_bytes() == first.tls.ca.read_bytes()
     for private in (tmp_path / "secrets" / "passwords.json", first.tls.ca_key, first.tls.keystore):
         assert stat.S_IMODE(private.stat().st_mode) == 0o600, private

@@ -26,6 +26,7 @@ from projections.acls import Acl, Operation, Pattern, Resource
 RESOURCE_CODES = {Resource.TOPIC: 2, Resource.GROUP: 3, Resource.CLUSTER: 4}
 PATTERN_CODES = {Pattern.LITERAL: 3, Pattern.PREFIXED: 4}
 OPERATION_CODES = {
+    Operation.ALL: 2,
     Operation.READ: 3,
     Operation.WRITE: 4,
     Operation.CREATE: 5,

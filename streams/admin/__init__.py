@@ -1,0 +1,1 @@
+"""Commands an administrator runs on the cluster for the router (`acls`)."""
