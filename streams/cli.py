@@ -92,14 +92,15 @@ def check_kafka_security(args: argparse.Namespace) -> int | None:
         return None
     from handlers.kafka.security import check_at_start, settings
 
-    if settings().protocol == "PLAINTEXT" or (args.command == "config" and args.action != "apply"):
-        return None
+    keeps_trying = args.command in KEEP_TRYING
+    plaintext = settings().protocol == "PLAINTEXT"
+    if (plaintext and keeps_trying) or (args.command == "config" and args.action != "apply"):
+        return None  # a plaintext ingress or worker says "waiting for kafka" and keeps trying
     from schemas.config import read_env
 
     failure = check_at_start(read_env().bootstrap)
     if failure is None:
         return None
-    keeps_trying = args.command in KEEP_TRYING
     print(
         f"chatwoot-router {args.command}: {failure}{'; retrying' if keeps_trying else ''}", file=sys.stderr, flush=True
     )

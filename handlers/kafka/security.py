@@ -295,11 +295,42 @@ def _conn_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_at_start(bootstrap: str) -> str | None:
-    """`check_brokers` for a command about to start (its own event loop); None at once for PLAINTEXT, where no
-    login or certificate can be refused."""
+    """`check_brokers` for a command about to start (its own event loop). With PLAINTEXT no login or certificate
+    can be refused; only when no broker answers, each is asked whether it speaks TLS (a secured cluster reached
+    without KAFKA_CLIENT_PROPERTIES would otherwise be an endless "waiting for kafka")."""
     if settings().protocol == "PLAINTEXT":
-        return None
+        if brokers_answer(bootstrap):
+            return None
+        return asyncio.run(plaintext_to_tls(bootstrap))
     return asyncio.run(check_brokers(bootstrap))
+
+
+async def plaintext_to_tls(bootstrap: str, *, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """One line when a bootstrap server completes a TLS handshake: a plaintext client cannot use it."""
+    from aiokafka.conn import collect_hosts
+
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # only "does it speak TLS?": nothing is sent after the handshake
+
+    async def speaks_tls(host: str, port: int) -> bool:
+        try:
+            async with asyncio.timeout(timeout_s):
+                _, writer = await asyncio.open_connection(host, port, ssl=context)
+        except (OSError, ssl.SSLError, TimeoutError):
+            return False
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+        return True
+
+    for host, port, _ in collect_hosts(bootstrap, randomize=False):
+        if await speaks_tls(host, port):
+            return (
+                f"broker {host}:{port} speaks TLS and this client does not: set security.protocol (SSL or SASL_SSL) "
+                "and the credentials in KAFKA_CLIENT_PROPERTIES (docs/operations.md \"Connecting to a secured Kafka\")"
+            )
+    return None
 
 
 class AuthWatch:

@@ -100,6 +100,16 @@ def test_a_wrong_password_is_one_line_naming_the_broker(secured: Stack, secure_k
     assert "not-the-password" not in result.stderr + result.stdout
 
 
+def test_a_plaintext_client_at_the_tls_listener_is_one_line(secured: Stack, secure_kafka: SecureKafka) -> None:
+    """No KAFKA_CLIENT_PROPERTIES at all (no credentials, plaintext): told at once, not an endless wait."""
+    env = {name: value for name, value in secured.env.items() if name != "KAFKA_CLIENT_PROPERTIES"}
+    env["KAFKA_BOOTSTRAP_SERVERS"] = secure_kafka.bootstrap
+    result = cli(env, "topics")
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = one_line(result)
+    assert f"broker {secure_kafka.bootstrap} speaks TLS and this client does not" in line
+
+
 def test_a_ca_the_client_does_not_trust_is_one_line(secured: Stack, secure_kafka: SecureKafka, tmp_path: Path) -> None:
     from streams.kafka.tls import ensure_certificates
 
