@@ -166,3 +166,25 @@ def test_a_worker_of_another_app_cannot_join_this_apps_group(
     text = worker.log_path.read_text(encoding="utf-8")
     assert text.count(line.group(0)) == 1  # once, not once per attempt
     assert "Traceback" not in text
+
+
+def test_the_console_renders_as_the_reader(secured: Stack, secure_kafka: SecureKafka) -> None:
+    """The console reads the log and the group's lag with the reader's rights only (Read, Describe; no group)."""
+    from tests.e2e.test_console_e2e import _console
+
+    conversation = secured.new_conversation()
+    secured.customer_says(1, conversation, BILLING_QUESTION)
+    secured.wait_conversation(1, conversation, "assigned to billing", lambda c: c["assignee_id"] == BILLING)
+    process, url = _console(secured, env=as_role(secured, secure_kafka, "reader"))
+    try:
+
+        def shown() -> bool:
+            page = secured.http.get(f"{url}/conversations/1:{conversation}")
+            return page.status_code == 200 and "assigned" in page.text
+
+        wait_until("the console to show the conversation", shown, 90, every_s=1)
+        overview = secured.http.get(f"{url}/")
+        assert overview.status_code == 200
+        assert "refused" not in overview.text and "Traceback" not in process.log_path.read_text(errors="replace")
+    finally:
+        process.stop()
