@@ -14,6 +14,13 @@ per raw record while only the raw producer runs in it, and their ratio.
 change can be measured against the code before it in the same way:
 
     .venv/bin/python bench/ingress_bench.py --bootstrap 127.0.0.1:9092 [--rate 500] [--seconds 10] [--code-dir DIR]
+
+`--secure` (issue 31 item 5) ignores `--bootstrap`: it starts a plaintext broker and a secured one (SASL_SSL,
+`streams.kafka.local.start_broker(secure=True)`) in a temporary directory, an ingress on each (the secured one
+under `ingress.properties`, after `config apply` as `admin`; the raw producer as the `ingress` user too), runs
+the rounds of both sides alternately and prints both results and the secured/plaintext ratios:
+
+    .venv/bin/python bench/ingress_bench.py --secure --rate 500 --seconds 20
 """
 
 from __future__ import annotations
@@ -23,19 +30,23 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import ClientSession, TCPConnector
 from aiokafka import AIOKafkaProducer
 
+from projections.acls import Role
 from projections.webhook import sign
 from schemas.records import WebhookReceived
+from streams.kafka.local import LocalKafka, start_broker
 
 SECRET = "bench-secret"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -182,8 +193,10 @@ async def closed_loop(send: Callable[[int], Awaitable[bool]], workers: int, seco
 
 
 async def start_ingress(
-    bootstrap: str, app_id: str, workdir: Path, code_dir: Path | None = None
+    bootstrap: str, app_id: str, workdir: Path, code_dir: Path | None = None, properties_dir: Path | None = None
 ) -> tuple[asyncio.subprocess.Process, str]:
+    """The ingress as a process; with `properties_dir` (a secured broker's), `config apply` as `admin` first
+    (the `ingress` user may not create topics) and the ingress under `ingress.properties`."""
     config = workdir / "router.json"
     config.write_text(json.dumps(CONFIG), encoding="utf-8")
     env = dict(os.environ)
@@ -196,6 +209,13 @@ async def start_ingress(
         CHATWOOT_AGENT_BOT_SECRETS=json.dumps({"1": SECRET}),
         TYPESAFE_API_KEY="k",
     )
+    if properties_dir is not None:
+        admin = {**env, "KAFKA_CLIENT_PROPERTIES": str(properties_dir / "admin.properties")}
+        command = [sys.executable, "-m", "streams.cli", "config", "apply", str(config)]
+        applied = subprocess.run(command, env=admin, cwd=code_dir, capture_output=True, text=True, check=False)
+        if applied.returncode != 0:
+            raise SystemExit(f"config apply failed: {applied.stdout}{applied.stderr}")
+        env["KAFKA_CLIENT_PROPERTIES"] = str(properties_dir / "ingress.properties")
     if code_dir is not None:
         env["PYTHONPATH"] = str(code_dir)
     log = (workdir / "ingress.log").open("wb")
@@ -220,64 +240,137 @@ async def start_ingress(
     return process, line.removeprefix("ready url=")
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass
+class Side:
+    """One ingress with its broker and a raw producer to the same topic; its measurements, added up over rounds."""
+
+    label: str
+    process: asyncio.subprocess.Process
+    url: str
+    topic: str
+    producer: AIOKafkaProducer
+    session: ClientSession
+    webhooks_open: Tally = field(default_factory=Tally)
+    raw_open: Tally = field(default_factory=Tally)
+    ingress_open: Cpu = field(init=False)
+    raw_open_cpu: Cpu = field(default_factory=lambda: Cpu("self"))
+
+    def __post_init__(self) -> None:
+        self.ingress_open = Cpu(self.process.pid)
+
+    async def send_webhook(self, n: int) -> bool:
+        body, headers = webhook(n)
+        async with self.session.post(self.url, data=body, headers=headers) as response:
+            await response.read()
+            return response.status == 200
+
+    async def send_raw(self, n: int) -> bool:
+        rec = record(n)
+        await self.producer.send_and_wait(self.topic, rec.model_dump_json().encode(), key=rec.key.encode())
+        return True
+
+    async def close(self) -> None:
+        await self.session.close()
+        await self.producer.stop()
+        self.process.terminate()
+        await self.process.wait()
+
+
+async def open_side(label: str, bootstrap: str, args: argparse.Namespace, kafka: LocalKafka | None = None) -> Side:
+    """Start an ingress (under the `ingress` role when `kafka` is a secured broker) and a raw producer."""
     app_id = f"bench-{uuid.uuid4().hex[:8]}"
-    topic = f"{app_id}.conversations"
-    workdir = Path(tempfile.mkdtemp(prefix="ingress-bench-"))
-    process, base = await start_ingress(args.bootstrap, app_id, workdir, args.code_dir)
-    producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, acks="all", enable_idempotence=True)
+    properties_dir, options = None, {}
+    if kafka is not None and kafka.secure is not None:
+        await asyncio.to_thread(kafka.grant, app_id)  # it runs an event loop of its own
+        properties_dir, options = kafka.properties_dir, kafka.secure.client_options(Role.INGRESS)
+    workdir = Path(tempfile.mkdtemp(prefix=f"ingress-bench-{label}-"))
+    process, base = await start_ingress(bootstrap, app_id, workdir, args.code_dir, properties_dir)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, **options)
     await producer.start()
     session = ClientSession(connector=TCPConnector(limit=args.workers * 2))
-    try:
-        url = f"{base}/chatwoot/agent-bot"
+    side = Side(label, process, f"{base}/chatwoot/agent-bot", f"{app_id}.conversations", producer, session)
+    await closed_loop(side.send_webhook, 4, 1.0)  # warm up: connections, metadata, JIT of the broker
+    await closed_loop(side.send_raw, 4, 1.0)
+    return side
 
-        async def send_webhook(n: int) -> bool:
-            body, headers = webhook(n)
-            async with session.post(url, data=body, headers=headers) as response:
-                await response.read()
-                return response.status == 200
 
-        async def send_raw(n: int) -> bool:
-            rec = record(n)
-            await producer.send_and_wait(topic, rec.model_dump_json().encode(), key=rec.key.encode())
-            return True
-
-        await closed_loop(send_webhook, 4, 1.0)  # warm up: connections, metadata, JIT of the broker
-        await closed_loop(send_raw, 4, 1.0)
-        # alternate short rounds so that background load on a shared machine hits both sides alike
-        webhooks_open, raw_open = Tally(), Tally()
-        ingress_open, raw_open_cpu = Cpu(process.pid), Cpu("self")
-        for _ in range(args.rounds):
-            with ingress_open:
-                await open_loop(send_webhook, args.rate, args.seconds / args.rounds, webhooks_open)
-            with raw_open_cpu:
-                await open_loop(send_raw, args.rate, args.seconds / args.rounds, raw_open)
-        ingress_max, raw_max_cpu = Cpu(process.pid), Cpu("self")
+async def measure(sides: list[Side], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Open-loop rounds alternating sides and, within a side, webhooks and raw records (so that background load
+    on a shared machine hits all alike); then each side's closed loops."""
+    for _ in range(args.rounds):
+        for side in sides:
+            with side.ingress_open:
+                await open_loop(side.send_webhook, args.rate, args.seconds / args.rounds, side.webhooks_open)
+            with side.raw_open_cpu:
+                await open_loop(side.send_raw, args.rate, args.seconds / args.rounds, side.raw_open)
+    results: dict[str, dict[str, Any]] = {}
+    for side in sides:
+        ingress_max, raw_max_cpu = Cpu(side.process.pid), Cpu("self")
         with ingress_max:
-            webhooks_max = await closed_loop(send_webhook, args.workers, args.seconds)
+            webhooks_max = await closed_loop(side.send_webhook, args.workers, args.seconds)
         with raw_max_cpu:
-            raw_max = await closed_loop(send_raw, args.workers, args.seconds)
-        results = {
+            raw_max = await closed_loop(side.send_raw, args.workers, args.seconds)
+        result = {
             "code_dir": str(args.code_dir or Path(__file__).resolve().parents[1]),
             "open_loop_rate": args.rate,
             "seconds": args.seconds,
             "rounds": args.rounds,
-            "webhooks_open": webhooks_open.summary(),
-            "raw_open": raw_open.summary(),
+            "webhooks_open": side.webhooks_open.summary(),
+            "raw_open": side.raw_open.summary(),
             "workers": args.workers,
             "webhooks_max": webhooks_max,
             "raw_max": raw_max,
-            "cpu_open": cpu_report(ingress_open, webhooks_open.sent, raw_open_cpu, raw_open.sent),
+            "cpu_open": cpu_report(side.ingress_open, side.webhooks_open.sent, side.raw_open_cpu, side.raw_open.sent),
             "cpu_max": cpu_report(ingress_max, webhooks_max["done"], raw_max_cpu, raw_max["done"]),
         }
-        results["ratio_max_throughput"] = round(results["webhooks_max"]["per_s"] / results["raw_max"]["per_s"], 3)
-        results["ratio_p99_open"] = round(results["webhooks_open"]["p99_ms"] / results["raw_open"]["p99_ms"], 2)
+        result["ratio_max_throughput"] = round(webhooks_max["per_s"] / raw_max["per_s"], 3)
+        result["ratio_p99_open"] = round(result["webhooks_open"]["p99_ms"] / result["raw_open"]["p99_ms"], 2)
+        results[side.label] = result
+    return results
+
+
+def tls_summary(plain: dict[str, Any], secured: dict[str, Any], rate: float) -> dict[str, Any]:
+    """The figures issue 31 item 5 asks for, side by side, and the target (door p99 at the open-loop rate <= 50 ms)."""
+    p99 = secured["webhooks_open"]["p99_ms"]
+    return {
+        "webhooks_per_s": {"plaintext": plain["webhooks_max"]["per_s"], "secured": secured["webhooks_max"]["per_s"]},
+        f"p99_ms_at_{rate:g}_per_s": {"plaintext": plain["webhooks_open"]["p99_ms"], "secured": p99},
+        "ratio_throughput": round(secured["webhooks_max"]["per_s"] / plain["webhooks_max"]["per_s"], 3),
+        "ratio_p99_open": round(p99 / plain["webhooks_open"]["p99_ms"], 2),
+        "target_p99_le_50ms_met": p99 <= 50,
+    }
+
+
+async def main(args: argparse.Namespace, brokers: dict[str, LocalKafka] | None = None) -> dict[str, Any]:
+    """One side on `--bootstrap`, or (with `brokers`) one side per broker, measured alternately."""
+    sides: list[Side] = []
+    try:
+        if brokers is None:
+            sides.append(await open_side("plaintext", args.bootstrap, args))
+            return (await measure(sides, args))["plaintext"]
+        for label, broker in brokers.items():
+            sides.append(await open_side(label, broker.bootstrap, args, broker))
+        results: dict[str, Any] = await measure(sides, args)
+        results["tls"] = tls_summary(results["plaintext"], results["secured"], args.rate)
         return results
     finally:
-        await session.close()
-        await producer.stop()
-        process.terminate()
-        await process.wait()
+        for side in sides:
+            await side.close()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """`main`, with a plaintext and a secured broker of its own under `--secure` (stopped at the end)."""
+    if not args.secure:
+        return asyncio.run(main(args))
+    scratch = Path(tempfile.mkdtemp(prefix="ingress-bench-brokers-"))
+    brokers: dict[str, LocalKafka] = {}
+    try:
+        brokers["plaintext"] = start_broker(data_dir=scratch / "plaintext")
+        brokers["secured"] = start_broker(data_dir=scratch / "secured", secure=True)
+        return asyncio.run(main(args, brokers))
+    finally:
+        for broker in brokers.values():
+            broker.stop()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -288,8 +381,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="alternating open-loop rounds per side")
     parser.add_argument("--workers", type=int, default=32, help="concurrent senders in the closed loop")
     parser.add_argument("--code-dir", type=Path, help="run the ingress from this checkout (default: this one)")
+    parser.add_argument("--secure", action="store_true", help="plaintext vs SASL_SSL, on two brokers of its own")
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main(parse_args())), indent=2))
+    print(json.dumps(run(parse_args()), indent=2))

@@ -34,6 +34,15 @@ the send time taken just before the message is posted).
 copies this file there, runs both sides alternately twice and prints the ratio of the worker's CPU per conversation
 (`WORKER_BENCH_REPO=DIR` exports from DIR when this file runs from a copy of the tree). `--profile FILE` records
 the worker with py-spy (collapsed stacks) during the baseline burst; with `--against`, one FILE.<side>.<n> per run.
+
+`--secure` (issue 31 item 5; modes `isolation` and `latency`; `--bootstrap` is then ignored) starts a plaintext
+broker and a secured one (SASL_SSL, `streams.kafka.local.start_broker(secure=True)`) in a temporary directory and
+runs the mode on each alternately twice, a new stack every run; on the secured broker the roles get their ACLs
+for the run's app id, `config apply` runs as `admin`, the ingress under `ingress.properties`, the worker under
+`worker.properties` and this bench's own reads under `reader.properties`. It prints the worker's CPU per
+conversation of both sides and their ratio (target: at most 1.15):
+
+    .venv/bin/python bench/worker_bench.py --secure --conversations 50
 """
 
 from __future__ import annotations
@@ -54,8 +63,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 try:
-    from streams.kafka.local import free_port
-except ImportError:  # a tree from before issue 24's moves (run by `--against`)
+    from streams.kafka.local import LocalKafka, free_port, start_broker
+except ImportError:  # a tree from before issue 24's moves (run by `--against`, never with `--secure`)
     from streams.kafka_local import free_port  # type: ignore[import-not-found,no-redef]
 from tests.support.processes import Process
 from tests.support.stack import Stack  # the e2e tests' stack, reused as is
@@ -241,8 +250,9 @@ def per_conversation(spent: dict[str, float], count: int) -> str:
     return ", ".join(f"{name} {1000 * seconds / count:.1f}" for name, seconds in spent.items() if name != "wall_s")
 
 
-async def _records_by_topic(bootstrap: str, app_id: str) -> dict[str, int]:
-    """Records written so far to each of the app's topics and table changelogs (sum of end offsets)."""
+async def _records_by_topic(bootstrap: str, app_id: str, properties: str | None = None) -> dict[str, int]:
+    """Records written so far to each of the app's topics and table changelogs (sum of end offsets); with
+    `properties`, as that file's user (this process's Kafka security is switched to it)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     try:
@@ -250,7 +260,16 @@ async def _records_by_topic(bootstrap: str, app_id: str) -> dict[str, int]:
     except ImportError:  # a tree from before issue 24's moves
         from handlers.kafka_io import topic_partitions  # type: ignore[import-not-found,no-redef]
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    options: dict[str, object] = {}
+    if properties is not None or "KAFKA_CLIENT_PROPERTIES" in os.environ:  # only trees with issue 31 get here
+        from handlers.kafka import security
+
+        os.environ.pop("KAFKA_CLIENT_PROPERTIES", None)
+        if properties is not None:
+            os.environ["KAFKA_CLIENT_PROPERTIES"] = properties
+        security.reset()
+        options = security.client_options()
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **options)
     await consumer.start()
     try:
         topics = [t for t in await consumer.topics() if t.startswith((f"{app_id}.", f"{app_id}-"))]
@@ -260,6 +279,9 @@ async def _records_by_topic(bootstrap: str, app_id: str) -> dict[str, int]:
         ends = await consumer.end_offsets(partitions)
     finally:
         await consumer.stop()
+        if properties is not None:  # the next stacks copy os.environ: a plaintext one must not get these
+            os.environ.pop("KAFKA_CLIENT_PROPERTIES", None)
+            security.reset()
     written: dict[str, int] = {}
     for tp, end in ends.items():
         name = tp.topic.removeprefix(f"{app_id}.").removeprefix(f"{app_id}-")
@@ -270,7 +292,10 @@ async def _records_by_topic(bootstrap: str, app_id: str) -> dict[str, int]:
 def records_by_topic(stack: Stack) -> dict[str, int]:
     import asyncio
 
-    return asyncio.run(_records_by_topic(stack.env["KAFKA_BOOTSTRAP_SERVERS"], stack.env["ROUTER_APP_ID"]))
+    env = stack.env
+    return asyncio.run(
+        _records_by_topic(env["KAFKA_BOOTSTRAP_SERVERS"], env["ROUTER_APP_ID"], env.get("KAFKA_CLIENT_PROPERTIES"))
+    )
 
 
 def start_profile(stack: Stack, out: str | None) -> subprocess.Popen[bytes] | None:
@@ -292,14 +317,16 @@ def stop_profile(profiler: subprocess.Popen[bytes] | None) -> None:
         profiler.wait(60)
 
 
-def run_isolation(stack: Stack, count: int, profile: str | None = None) -> None:
+def run_isolation(stack: Stack, count: int, profile: str | None = None) -> float:
+    """Baseline burst, then the burst with one slow call; returns the worker's CPU ms per conversation of the first."""
     standing_faults(stack)
     meter = CpuMeter(process_groups(stack))
     written_before = records_by_topic(stack)
     profiler = start_profile(stack, profile)
     meter.start()
     base = run_batch(stack, count, slow_first=False)
-    print(f"baseline CPU ms per conversation: {per_conversation(meter.stop(), count)}", flush=True)
+    spent = meter.stop()
+    print(f"baseline CPU ms per conversation: {per_conversation(spent, count)}", flush=True)
     stop_profile(profiler)
     print_records(written_before, records_by_topic(stack), count)
     # the 30 s rule must be found first: put it in front of the standing 200 ms rule
@@ -315,6 +342,7 @@ def run_isolation(stack: Stack, count: int, profile: str | None = None) -> None:
         f"one slow:  {slow['conversations_per_s']:.1f} conversations/s, p50 {slow['p50_ms']:.0f} ms, "
         f"p99 {slow['p99_ms']:.0f} ms (others; ratio {slow['p99_ms'] / base['p99_ms']:.2f}x baseline p99)"
     )
+    return 1000 * spent["worker"] / count
 
 
 def owned_by_log(worker: Process) -> frozenset[int] | None:
@@ -422,8 +450,9 @@ def print_records(before: dict[str, int], after: dict[str, int], count: int) -> 
     print(f"records written per conversation: {sum(grew.values()) / count:.1f} ({by_topic})", flush=True)
 
 
-def run_latency(stack: Stack, count: int) -> None:
-    """One conversation at a time on an idle stack: webhook -> turn end, and the router's share of it."""
+def run_latency(stack: Stack, count: int) -> float:
+    """One conversation at a time on an idle stack: webhook -> turn end, and the router's share of it; returns
+    the worker's CPU ms per conversation."""
     standing_faults(stack)
     logs = [stack.worker.log_path]
     latencies = []
@@ -446,6 +475,7 @@ def run_latency(stack: Stack, count: int) -> None:
     )
     print(f"sequential CPU ms per conversation: {per_conversation(spent, count)}", flush=True)
     print_records(written_before, records_by_topic(stack), count)
+    return 1000 * spent["worker"] / count
 
 
 def checkout_with_venv(ref: str, where: Path) -> Path:
@@ -498,26 +528,32 @@ def run_against(ref: str, forwarded: list[str]) -> int:
     return 0
 
 
-def main() -> int:
-    if "--against" in sys.argv:
-        at = sys.argv.index("--against")
-        if at + 1 >= len(sys.argv):
-            raise SystemExit("--against needs a git ref")
-        return run_against(sys.argv[at + 1], sys.argv[1:at] + sys.argv[at + 2 :])
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bootstrap", required=True)
-    parser.add_argument("--conversations", type=int, default=100)
-    parser.add_argument("--mode", choices=("isolation", "scale", "latency"), default="isolation")
-    parser.add_argument("--kafka-pid", type=int, help="pid of `chatwoot-router kafka`, to count the broker's CPU")
-    parser.add_argument("--keep", help="keep the processes' logs and state in this directory")
-    parser.add_argument("--against", metavar="REF", help="also run in a checkout of REF with its own venv; ratios")
-    parser.add_argument("--profile", metavar="FILE", help="py-spy record the worker during the baseline burst")
-    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set for every process")
-    args = parser.parse_args()
+def under_roles(stack: Stack, kafka: LocalKafka) -> None:
+    """Put a stack that has not started on the secured `kafka`: ACLs for its app id, `config apply` as `admin`,
+    the ingress and the worker under their roles, everything else (this bench's reads) as `reader`."""
+    properties_dir = kafka.properties_dir
+    assert properties_dir is not None
+    kafka.grant(stack.env["ROUTER_APP_ID"])
+
+    def role(name: str) -> dict[str, str]:
+        return {**stack.env, "KAFKA_CLIENT_PROPERTIES": str(properties_dir / f"{name}.properties")}
+
+    command = [sys.executable, "-m", "streams.cli", "config", "apply", str(stack.config_path)]
+    applied = subprocess.run(command, env=role("admin"), capture_output=True, text=True, check=False)
+    if applied.returncode != 0:
+        raise SystemExit(f"config apply failed: {applied.stdout}{applied.stderr}")
+    stack.ingress = Process("ingress", stack.ingress.args, role("ingress"), stack.tmp)
+    stack.worker = Process("worker", stack.worker.args, role("worker"), stack.tmp)
+    stack.env["KAFKA_CLIENT_PROPERTIES"] = str(properties_dir / "reader.properties")
+
+
+def run_once(args: argparse.Namespace, bootstrap: str, kafka: LocalKafka | None = None) -> float | None:
+    """One stack on `bootstrap` (under roles when `kafka` is secured) running `--mode`; the worker's CPU ms per
+    conversation (None for `scale`)."""
     with tempfile.TemporaryDirectory() as scratch:
         tmp = Path(args.keep or scratch)
         tmp.mkdir(parents=True, exist_ok=True)
-        stack = Stack(args.bootstrap, f"bench-{args.mode}-{int(time.time())}", tmp)
+        stack = Stack(bootstrap, f"bench-{args.mode}-{time.time_ns() // 1_000_000}", tmp)
         if args.mode == "scale":
             # the e2e stack sweeps every 15 s, and a sweep re-runs every open conversation: later bursts would
             # carry more sweep work than earlier ones (and a sweep can catch a conversation between its
@@ -529,16 +565,71 @@ def main() -> int:
         for setting in args.env:
             name, _, value = setting.partition("=")
             stack.env[name] = value
+        if kafka is not None and kafka.secure is not None:
+            under_roles(stack, kafka)
         stack.start()
         try:
             if args.mode == "isolation":
-                run_isolation(stack, args.conversations, args.profile)
-            elif args.mode == "latency":
-                run_latency(stack, args.conversations)
-            else:
-                run_scale(stack, args.conversations, tmp, args.kafka_pid)
+                return run_isolation(stack, args.conversations, args.profile)
+            if args.mode == "latency":
+                return run_latency(stack, args.conversations)
+            run_scale(stack, args.conversations, tmp, args.kafka_pid)
+            return None
         finally:
             stack.stop()
+
+
+def run_secure(args: argparse.Namespace) -> None:
+    """`--mode` on a plaintext broker and on a secured one of its own, alternately twice; prints the worker's CPU
+    per conversation of each side and their ratio."""
+    if args.mode == "scale":
+        raise SystemExit("--secure measures the modes isolation and latency")
+    with tempfile.TemporaryDirectory(prefix="worker-bench-brokers-") as scratch:
+        brokers: dict[str, LocalKafka] = {}
+        try:
+            brokers["plaintext"] = start_broker(data_dir=Path(scratch) / "plaintext")
+            brokers["secured"] = start_broker(data_dir=Path(scratch) / "secured", secure=True)
+            cpu: dict[str, list[float]] = {label: [] for label in brokers}
+            for _ in range(2):
+                for label, kafka in brokers.items():
+                    print(f"== {label} ({kafka.bootstrap})", flush=True)
+                    ms = run_once(args, kafka.bootstrap, kafka)
+                    assert ms is not None
+                    cpu[label].append(ms)
+        finally:
+            for kafka in brokers.values():
+                kafka.stop()
+    plain, secured = statistics.mean(cpu["plaintext"]), statistics.mean(cpu["secured"])
+    runs = "; ".join(f"{label} " + ", ".join(f"{ms:.1f}" for ms in values) for label, values in cpu.items())
+    print(
+        f"worker CPU ms per conversation: plaintext {plain:.1f}, secured {secured:.1f}, ratio {secured / plain:.2f} "
+        f"(target <= 1.15: {'met' if secured / plain <= 1.15 else 'NOT met'}; runs: {runs})"
+    )
+
+
+def main() -> int:
+    if "--against" in sys.argv:
+        at = sys.argv.index("--against")
+        if at + 1 >= len(sys.argv):
+            raise SystemExit("--against needs a git ref")
+        return run_against(sys.argv[at + 1], sys.argv[1:at] + sys.argv[at + 2 :])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", help="the broker (required unless --secure)")
+    parser.add_argument("--conversations", type=int, default=100)
+    parser.add_argument("--mode", choices=("isolation", "scale", "latency"), default="isolation")
+    parser.add_argument("--kafka-pid", type=int, help="pid of `chatwoot-router kafka`, to count the broker's CPU")
+    parser.add_argument("--keep", help="keep the processes' logs and state in this directory")
+    parser.add_argument("--against", metavar="REF", help="also run in a checkout of REF with its own venv; ratios")
+    parser.add_argument("--profile", metavar="FILE", help="py-spy record the worker during the baseline burst")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set for every process")
+    parser.add_argument("--secure", action="store_true", help="plaintext vs SASL_SSL, on two brokers of its own")
+    args = parser.parse_args()
+    if args.secure:
+        run_secure(args)
+    elif args.bootstrap is None:
+        parser.error("--bootstrap is required (or --secure)")
+    else:
+        run_once(args, args.bootstrap)
     return 0
 
 
