@@ -1,7 +1,7 @@
 """The kill-loop test (issue 15): the whole router under SIGKILLs, Chatwoot faults, people and broker restarts.
 
     .venv/bin/python -m bench.chaos --conversations 200 --kills 100 --seed 7 [--workers 2] [--partitions 8]
-        [--broker-restarts 3] [--pauses 12] [--duration 420] [--fault-rate 0.3] [--realistic] [--json FILE]
+        [--broker-restarts 3] [--pauses 12] [--duration 420] [--fault-rate 0.3] [--realistic] [--secure] [--json FILE]
         [--work-dir DIR]
 
 It starts its own local Kafka broker (or uses `KAFKA_BOOTSTRAP_SERVERS`; broker restarts need its own), the
@@ -282,6 +282,7 @@ class Options:
     slow_broker_ms: int = 0  # every byte to and from the broker this late (bench/latency_proxy.py; one broker only)
     slow_mutation_rate: float = 0.0  # share of conversations with one mutation Chatwoot answers only after 20 s
     realistic: bool = False  # the sandbox as rough as the real Chatwoot (issue 30): rate limit, webhooks out of order
+    secure: bool = False  # SASL_SSL brokers with ACLs; each process under its role's principal (issue 31)
 
     @property
     def play_s(self) -> float:
@@ -406,7 +407,7 @@ class Chaos:
             CHATWOOT_AGENT_BOT_SECRETS=json.dumps({str(k): v for k, v in BOT_SECRETS.items()}),
             TYPESAFE_API_KEY=API_KEY,
         )
-        return env
+        return self.as_role(env, "admin")
 
     # --- the stack ---
 
@@ -421,14 +422,18 @@ class Chaos:
 
     def start_broker(self) -> None:
         advertised = self.proxy.port if self.proxy is not None else None
-        self.broker = start_broker(self.broker_port, self.work / "kafka", advertised_port=advertised)
+        self.broker = start_broker(
+            self.broker_port, self.work / "kafka", advertised_port=advertised, secure=self.o.secure, app_id=self.app_id
+        )
         self.broker_down = False
 
     async def start_stack(self) -> None:
         self.write_files()
         if self.external_bootstrap is None and self.o.brokers > 1:
             self.note("starting a three-node cluster")
-            self.cluster = await asyncio.to_thread(start_cluster, None, self.work / "kafka-cluster")
+            self.cluster = await asyncio.to_thread(
+                start_cluster, None, self.work / "kafka-cluster", secure=self.o.secure, app_id=self.app_id
+            )
             self.note("cluster up", bootstrap=self.cluster.bootstrap)
         elif self.external_bootstrap is None:
             if self.o.slow_broker_ms:  # clients reach the broker through a proxy that delays every byte
@@ -437,6 +442,8 @@ class Chaos:
                 self.note("a slow broker: every byte through a proxy", port=self.proxy.port, ms=self.o.slow_broker_ms)
             self.note("starting the broker", port=self.broker_port)
             await asyncio.to_thread(self.start_broker)
+        if self.o.secure:
+            await self.secure_roles()
         env = self.env()
         webhook_url = f"http://127.0.0.1:{self.ingress_port}/chatwoot/agent-bot"
         sandbox_args = ["sandbox", "--port", str(self.sandbox_port), "--scenario", str(self.work / "scenario.json")]
@@ -457,14 +464,14 @@ class Chaos:
         ingress = Proc(
             "ingress",
             ["ingress", "--host", "127.0.0.1", "--port", str(self.ingress_port)],
-            env,
+            self.as_role(env, "ingress"),
             self.work,
             f"http://127.0.0.1:{self.ingress_port}/healthz",
             self.o.code_dir,
         )
         for n in range(self.o.workers):
             port = free_port()
-            worker_env = dict(env, ROUTER_DATA_DIR=str(self.work / f"state-{n + 1}"))
+            worker_env = dict(self.as_role(env, "worker"), ROUTER_DATA_DIR=str(self.work / f"state-{n + 1}"))
             if self.o.worker_ids:  # static group membership, as docker-compose.yml names its workers
                 worker_env["ROUTER_WORKER_ID"] = f"worker-{n + 1}"
             self.workers.append(
@@ -483,6 +490,40 @@ class Chaos:
         for proc in self.procs:
             await self.wait_healthy(proc, 180)
         self.note("stack up", app_id=self.app_id, work_dir=str(self.work), bootstrap=self.bootstrap)
+
+    @property
+    def properties_dir(self) -> Path | None:
+        """A secured cluster's client properties files (None in plaintext)."""
+        kafka = self.cluster if self.cluster is not None else self.broker
+        return kafka.properties_dir if kafka is not None and self.o.secure else None
+
+    def as_role(self, env: dict[str, str], role: str) -> dict[str, str]:
+        """`env` under `role`'s principal on a secured cluster (the administrator's otherwise: sweep, audit)."""
+        folder = self.properties_dir
+        return env if folder is None else dict(env, KAFKA_CLIENT_PROPERTIES=str(folder / f"{role}.properties"))
+
+    async def secure_roles(self) -> None:
+        """On a secured cluster: this process (the verifier's reads) as the administrator, and the app's topics
+        created ahead by `config apply` as the administrator (workers have no Create right)."""
+        from handlers.kafka import security
+
+        folder = self.properties_dir
+        assert folder is not None
+        os.environ["KAFKA_CLIENT_PROPERTIES"] = str(folder / "admin.properties")
+        security.reset()
+        applied = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "streams.cli", "config", "apply", str(self.work / "router.json")],
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        if applied.returncode != 0:
+            raise StackFailed(f"config apply as the administrator failed:\n{applied.stdout}{applied.stderr}")
+        self.note("secured: topics made ahead, each process under its role", properties=str(folder))
 
     async def healthy(self, proc: Proc) -> bool:
         assert self.http is not None
@@ -970,6 +1011,11 @@ def main(argv: list[str] | None = None) -> int:
         help="share of conversations with one mutation Chatwoot answers only after 20 s (partitions move meanwhile)",
     )
     parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="SASL_SSL brokers with ACLs (`kafka --secure`): the ingress, the workers and the rest each under its role",
+    )
+    parser.add_argument(
         "--realistic",
         action="store_true",
         help="the sandbox in --realistic mode: Chatwoot's rate limit, webhooks concurrent, reordered and duplicated",
@@ -983,6 +1029,9 @@ def main(argv: list[str] | None = None) -> int:
             "unset KAFKA_BOOTSTRAP_SERVERS",
             file=sys.stderr,
         )
+        return 2
+    if args.secure and (bootstrap or args.slow_broker_ms):
+        print("--secure needs the test's own Kafka (no KAFKA_BOOTSTRAP_SERVERS, no --slow-broker-ms)", file=sys.stderr)
         return 2
     if args.slow_broker_ms and args.brokers > 1:
         print("--slow-broker-ms works with one broker", file=sys.stderr)
@@ -1006,6 +1055,7 @@ def main(argv: list[str] | None = None) -> int:
         slow_broker_ms=args.slow_broker_ms,
         slow_mutation_rate=args.slow_mutation_rate,
         realistic=args.realistic,
+        secure=args.secure,
     )
     try:
         result = run_chaos(options, bootstrap)

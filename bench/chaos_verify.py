@@ -66,6 +66,7 @@ import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from handlers.kafka.security import client_options
 from schemas.records import GENERATION_HEADER
 
 MUTATIONS = ("toggle_status", "assign", "set_labels")
@@ -791,7 +792,7 @@ def _table_key(raw: bytes | None) -> str:
 
 async def read_topic(bootstrap: str, topic: str, timeout_s: float = 120) -> list[Record]:
     """Every record of `topic` from the beginning to the end offsets seen at the start (empty if missing)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000, **client_options())
     await admin.start()
     try:
         if topic not in await admin.list_topics():
@@ -800,7 +801,9 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 120) -> list
     finally:
         await admin.close()
     tps = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, request_timeout_ms=30000)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, request_timeout_ms=30000, **client_options()
+    )
     await consumer.start()
     try:
         consumer.assign(tps)
