@@ -23,6 +23,7 @@ from sandbox import Sandbox, run_sandbox
 from sandbox.scenario import SAMPLE, from_config
 from sandbox.world import BOT_FAILURE_TEXT
 from schemas.config import parse_config
+from tests.support.receiver import serving
 from tests.support.waiting import within
 
 USER, BOT = "user-1", "bot-5"
@@ -53,16 +54,8 @@ class Receiver:
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
     recorder = Receiver()
-    app = web.Application()
-    app.router.add_post("/chatwoot/agent-bot", recorder.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    recorder.url = f"http://127.0.0.1:{port}/chatwoot/agent-bot"
-    yield recorder
-    await runner.cleanup()
+    async with serving(recorder.handle) as recorder.url:
+        yield recorder
 
 
 @pytest.fixture

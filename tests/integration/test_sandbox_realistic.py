@@ -24,6 +24,7 @@ from sandbox.realism import PERIOD_S, REALISTIC, Realism
 from sandbox.scenario import SAMPLE
 from sandbox.world import BOT_FAILURE_TEXT
 from streams.sandbox_cmd import add_arguments, given_settings, realism_of
+from tests.support.receiver import serving
 from tests.support.waiting import within
 
 USER, BOT = "user-1", "bot-5"
@@ -72,17 +73,9 @@ class Receiver:
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
     recorder = Receiver()
-    app = web.Application(client_max_size=DOOR_LIMIT)
-    app.router.add_post("/chatwoot/agent-bot", recorder.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    recorder.url = f"http://127.0.0.1:{port}/chatwoot/agent-bot"
-    yield recorder
-    recorder.release.set()
-    await runner.cleanup()
+    async with serving(recorder.handle, client_max_size=DOOR_LIMIT) as recorder.url:
+        yield recorder
+        recorder.release.set()
 
 
 def _scenario() -> dict[str, Any]:
