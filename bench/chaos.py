@@ -511,16 +511,7 @@ class Chaos:
         assert folder is not None
         os.environ["KAFKA_CLIENT_PROPERTIES"] = str(folder / "admin.properties")
         security.reset()
-        applied = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "streams.cli", "config", "apply", str(self.work / "router.json")],
-            cwd=ROOT,
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
+        applied = await asyncio.to_thread(self.run_cli, "config", "apply", str(self.work / "router.json"))
         if applied.returncode != 0:
             raise StackFailed(f"config apply as the administrator failed:\n{applied.stdout}{applied.stderr}")
         self.note("secured: topics made ahead, each process under its role", properties=str(folder))
