@@ -51,6 +51,7 @@ class Fence:
         self.armed = False
         self._last = clock()
         self._gap: float | None = None
+        self._expelled: str | None = None
 
     def arm(self) -> None:
         """The worker owns partitions from now on: a gap longer than the session counts."""
@@ -69,13 +70,23 @@ class Fence:
             self._gap = now - self._last
         self._last = now
 
+    def expelled(self, why: str) -> None:
+        """The group told this worker it is no longer the member it was (a commit refused for an old generation or an
+        unknown member): another worker may own its partitions now, armed or not. Latched like a gap."""
+        if self._expelled is None:
+            self._expelled = why
+
     def in_doubt(self) -> bool:
-        """Whether the worker went without running for longer than its session: the group may have expelled it."""
+        """Whether the worker went without running for longer than its session, or the group said it expelled it."""
+        if self._expelled is not None:
+            return True
         if self.armed and self._gap is None and self.clock() - self._last > self.session_timeout_s:
             self._gap = self.clock() - self._last
         return self._gap is not None
 
     def reason(self) -> str:
+        if self._expelled is not None:
+            return f"{self._expelled}: its partitions may belong to another worker now"
         gap = self._gap if self._gap is not None else self.clock() - self._last
         return (
             f"the worker did not run for {gap:.1f} s, longer than its {self.session_timeout_s:g} s session: its "

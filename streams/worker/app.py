@@ -57,7 +57,7 @@ from streams.worker.adapters import FaustPartitionScope, FaustSink, FaustTable, 
 from streams.worker.env import WorkerEnv
 from streams.worker.internals import InternalsChanged, check_internals, check_scoped_write
 from streams.worker.tables import Table, TableManager, track_changelog
-from streams.worker.transport import broker_urls, set_pre_commit
+from streams.worker.transport import broker_urls, set_on_expelled, set_pre_commit
 
 log = logging.getLogger("chatwoot_router.worker")
 
@@ -201,6 +201,7 @@ class WorkerApp:
             gate=self.gate,
         )
         set_pre_commit(self.app, self.service.before_offsets_commit)  # streams/worker/transport.py
+        set_on_expelled(self.app, self.fence.expelled)  # a refused commit: no more writes, the beat stops the worker
         self._wire()
 
     @property

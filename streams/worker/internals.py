@@ -9,6 +9,8 @@
   keeps Faust's `_on_changelog_sent` callback);
 - the consumer's `_commit_offsets(offsets, start_new_transaction)` is where the commit protocol runs, and the
   consumer thread's `_create_worker_consumer` where the fetch long-poll is set (`streams/worker/transport.py`);
+- the consumer thread's `_commit` commits through the aiokafka consumer's `commit` attribute (which the transport
+  wraps to learn that the group expelled this member) and takes a CommitFailedError as a rebalance;
 - `_new_offset` compares the acked records with `_committed_offset`, which the transport sets to Faust's own
   offset when the commit protocol commits a lower one (else Faust would see a gap and never commit again).
 
@@ -57,6 +59,9 @@ def check_internals() -> None:
     new_offset = inspect.getsource(faust_aiokafka.Consumer._new_offset)
     if "self._committed_offset[tp]" not in new_offset or "min(acked) - committed_offset > 1" not in new_offset:
         raise InternalsChanged("faust's Consumer._new_offset no longer checks acked records against _committed_offset")
+    thread_commit = inspect.getsource(faust_aiokafka.AIOKafkaConsumerThread._commit)
+    if "await consumer.commit(" not in thread_commit or "except CommitFailedError" not in thread_commit:
+        raise InternalsChanged("faust's consumer thread no longer commits through consumer.commit (the fenced commit)")
     if not hasattr(faust_aiokafka.AIOKafkaConsumerThread, "_create_worker_consumer"):
         raise InternalsChanged("faust's AIOKafkaConsumerThread has no _create_worker_consumer")
 

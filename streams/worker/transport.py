@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar
 
 import aiokafka
+from aiokafka.errors import CommitFailedError, IllegalGenerationError, UnknownMemberIdError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
@@ -39,12 +40,50 @@ class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         if not hasattr(consumer, "_fetch_max_wait_ms"):
             raise RuntimeError("aiokafka consumer has no _fetch_max_wait_ms: revisit streams/worker/transport.py")
         consumer._fetch_max_wait_ms = self.fetch_max_wait_ms  # read by its fetcher when it starts
+        consumer.commit = fenced_commit(consumer.commit, self._report_expelled)
         return consumer
+
+    def _report_expelled(self, why: str) -> None:
+        report = _on_expelled.get(self.consumer.app)
+        if report is not None:
+            report(why)
+
+
+Commit = Callable[..., Awaitable[None]]
+
+
+def fenced_commit(commit: Commit, on_expelled: Callable[[str], None]) -> Commit:
+    """`commit`, telling `on_expelled` when the group refuses it because this member was expelled.
+
+    aiokafka turns an OffsetCommit answered with UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION into a CommitFailedError
+    ("the group has already rebalanced"), and Faust's `_commit` takes that as an ordinary rebalance: it returns
+    False and the worker goes on, its revoke about to write its cache while another member may own its partitions
+    (issue 34: fencing). REBALANCE_IN_PROGRESS is the ordinary case (this member is still in the group and rejoins)
+    and is not reported. The error is raised on as before."""
+
+    async def commit_or_report(*args: Any, **kwargs: Any) -> None:
+        try:
+            await commit(*args, **kwargs)
+        except CommitFailedError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, UnknownMemberIdError | IllegalGenerationError):
+                on_expelled(f"the group refused an offset commit ({type(cause).__name__})")
+            raise
+
+    return commit_or_report
 
 
 PreCommit = Callable[[Mapping[TP, int]], Awaitable[Mapping[TP, int]]]
 
 _pre_commit: weakref.WeakKeyDictionary[Any, PreCommit] = weakref.WeakKeyDictionary()
+
+
+_on_expelled: weakref.WeakKeyDictionary[Any, Callable[[str], None]] = weakref.WeakKeyDictionary()
+
+
+def set_on_expelled(app: Any, report: Callable[[str], None]) -> None:
+    """Call `report` when `app`'s group refuses a commit because this member was expelled (`fenced_commit`)."""
+    _on_expelled[app] = report
 
 
 def set_pre_commit(app: Any, hook: PreCommit) -> None:

@@ -12,9 +12,11 @@ from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
 
+from aiokafka.errors import CommitFailedError, IllegalGenerationError, RebalanceInProgressError, UnknownMemberIdError
 from faust.types import TP
 from intervaltree import IntervalTree
 
+from handlers.worker.fencing import Fence
 from streams.worker import transport
 
 T = TP("router.conversations", 0)
@@ -120,3 +122,49 @@ async def test_an_offset_held_back_on_a_revoked_partition_is_not_committed() -> 
     object.__setattr__(consumer, "assignment", lambda: set())  # the partition moved to another worker
     assert not await commit_round(consumer)
     assert recorder.committed == [{T: 3}]
+
+
+def thread_committing(error: Exception, reported: list[str]) -> Any:
+    """Our consumer thread with Faust's real `_commit`, whose aiokafka consumer's commit fails with `error` (raised
+    from the group's answer, as aiokafka's coordinator does) through `fenced_commit`."""
+    thread = transport.ConsumerThread.__new__(transport.ConsumerThread)  # nothing of it is started
+
+    async def refused(offsets: Any) -> None:
+        raise CommitFailedError("Commit cannot be completed since the group has already rebalanced") from error
+
+    async def crash(exc: BaseException) -> None:
+        raise AssertionError(f"Faust crashed the consumer: {exc!r}")
+
+    consumer = SimpleNamespace(commit=transport.fenced_commit(refused, reported.append))
+    for name, value in {
+        "_consumer": consumer,
+        "tp_last_committed_at": {},
+        "assignment": lambda: {T},
+        "log": _Log(),
+        "crash": crash,
+    }.items():
+        object.__setattr__(thread, name, value)
+    return thread
+
+
+async def test_a_commit_refused_because_the_group_expelled_this_member_puts_the_worker_in_doubt() -> None:
+    """An old generation or an unknown member: Faust's `_commit` swallows the refusal as an ordinary rebalance
+    (returns False), so the worker learns of it only through `fenced_commit`; its fence then stops every further
+    changelog write and mutation (handlers/worker/fencing.py). Shown to fail without `fenced_commit`."""
+    for error in (IllegalGenerationError(), UnknownMemberIdError()):
+        reported: list[str] = []
+        fence = Fence(15.0)
+        thread = thread_committing(error, reported)
+        assert await thread._commit({T: 5}) is False  # Faust: "already rebalanced", nothing crashed
+        assert reported == [f"the group refused an offset commit ({type(error).__name__})"]
+        fence.expelled(reported[0])
+        assert fence.in_doubt()  # unarmed too: an expelled member owns nothing, whatever it thinks
+        assert "refused an offset commit" in fence.reason()
+
+
+async def test_a_commit_refused_during_an_ordinary_rebalance_is_not_a_doubt() -> None:
+    """REBALANCE_IN_PROGRESS: this member is still in the group and rejoins; its revoke writes its cache as usual."""
+    reported: list[str] = []
+    thread = thread_committing(RebalanceInProgressError(), reported)
+    assert await thread._commit({T: 5}) is False
+    assert reported == []

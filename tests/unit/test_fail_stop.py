@@ -128,6 +128,25 @@ async def test_a_worker_paused_past_its_session_writes_no_state_and_makes_no_mut
     assert stops and "not making the assign call" in stops[0]
 
 
+async def test_a_worker_the_group_expelled_writes_no_state_at_its_revoke() -> None:
+    """A commit refused for an old generation (streams/worker/transport.py `fenced_commit`): aiokafka revokes the
+    partitions next, and the revoke writes the cache; the fence stops the worker before that write, with no pause
+    ever measured."""
+    chatwoot = FakeChatwoot(messages=[incoming(1, "I was charged twice")])
+    tables, bus = new_tables(), Bus()
+    service = new_service(tables, chatwoot)
+    service.fence = Fence(15.0, Clock())
+    webhook(bus)
+    await run_until_quiet(service, bus, stop_before="assign")
+    assert isinstance(tables.states, MemoryTable)
+    writes = tables.states.writes
+    await deliver(service, bus, bus.records("conversations")[-1], commit=False)  # a dirty state in the cache
+    service.fence.expelled("the group refused an offset commit (IllegalGenerationError)")
+    with pytest.raises(WorkerStopped, match="refused an offset commit"):
+        await service.commit_cache()
+    assert tables.states.writes == writes
+
+
 def test_the_doubt_is_latched_by_whichever_runs_first_after_a_pause() -> None:
     clock = Clock()
     fence = Fence(15.0, clock)
