@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from projections.jobs import DEFAULT_RETRY_BASE_MS, retry_delay
-from projections.route.folder import RECHECK_BEFORE, Folder, FoldResult, wakeup_of
+from projections.route.folder import NOT_MADE, RECHECK_BEFORE, Folder, FoldResult, wakeup_of
 from projections.route.phases import PHASE_HANDLERS
 from schemas.config import RouterConfig
 from schemas.configs import ConfigDocument
@@ -157,8 +157,9 @@ def _on_outcome(f: Folder, o: EffectOutcome) -> None:
     if run is None or run.pending is None or not answers(o, run.pending):
         return
     f.set_run(pending=None, deadline_ms=None, requests=run.requests + o.requests)
-    if o.error is not None and o.error.kind == "stale_read" and run.phase in RECHECK_BEFORE:
-        f.reread()  # not made: its read was not fresh when a worker could make it; the read again decides
+    if o.error is not None and o.error.kind in NOT_MADE and run.phase in RECHECK_BEFORE:
+        f.reread()  # not made (its read was not fresh when a worker could make it, or Chatwoot's rate limit refused
+        # it until its deadline): the read again decides
         return
     PHASE_HANDLERS[run.phase](f, o)
 

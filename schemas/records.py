@@ -391,10 +391,11 @@ OutcomeResult = Annotated[
 class EffectError(_View):
     """Why an effect did not produce a result. Carries only a class and an HTTP status, never a body."""
 
-    kind: Literal["missing", "failed", "timeout", "unconfirmed", "stale_read"] = Field(
+    kind: Literal["missing", "failed", "timeout", "unconfirmed", "stale_read", "throttled"] = Field(
         description="missing = JSON 404; failed = non-2xx (status) or network/shape error (status None); "
         "stale_read = a mutation not made because its fresh read was too old (ROUTER_FRESH_READ_MS) or its partition "
-        "had not been folded up to the head its worker saw at assignment"
+        "had not been folded up to the head its worker saw at assignment; throttled = a mutation not made because "
+        "Chatwoot refused every try with 429 (its rate limit) until the command's deadline came near"
     )
     status: int | None = None
     reason: str | None = Field(default=None, description="short safe text, never a body")
@@ -416,6 +417,12 @@ class EffectOutcome(Record):
     result: OutcomeResult | None = None
     error: EffectError | None = None
     requests: int = 0
+    rate_wait_ms: int = Field(
+        default=0,
+        exclude_if=lambda wait: wait == 0,  # absent when nothing waited: an unthrottled run's records keep their bytes
+        description="how long this command's requests waited for Chatwoot's rate limit (the request budget, or a "
+        "pause after a 429), in milliseconds",
+    )
     answers: str | None = Field(
         default=None,
         description="the digest of the command copy this answers, when the worker ran a chained read before the"

@@ -125,6 +125,7 @@ class ChatwootClient:
         self._owns_http = http is None
         self._timeout_s = timeout_s
         self.requests = 0
+        self.rate_wait_s = 0.0  # how long this instance's requests waited for the rate limit (budget or pause)
 
     def metered(self, lane: str = "") -> ChatwootClient:
         """A client sharing this one's connections, tokens and budget, with its own request counter at 0, waiting
@@ -133,6 +134,7 @@ class ChatwootClient:
         view.__dict__.update(self.__dict__)
         view._owns_http = False
         view.requests = 0
+        view.rate_wait_s = 0.0
         view.lane = lane
         view._prepaid = 0.0
         return view
@@ -146,13 +148,14 @@ class ChatwootClient:
     async def reserve(self, n: int) -> None:
         """Wait for `n` requests' tokens at once, for requests that must follow each other closely (a mutation
         right after the read it depends on): the budget does not come between them."""
-        await self.budget().take(self.lane, n)
+        self.rate_wait_s += await self.budget().take(self.lane, n)
         self._prepaid += n
 
     async def until_unpaused(self) -> None:
         """Wait until a pause after a 429 has ended."""
         while (pause := self.budget().paused_for_s) > 0:
             await asyncio.sleep(pause)
+            self.rate_wait_s += pause
 
     async def aclose(self) -> None:
         if self._owns_http:
@@ -194,7 +197,7 @@ class ChatwootClient:
             if self._prepaid >= 1:
                 self._prepaid -= 1
             else:
-                await budget.take(self.lane)
+                self.rate_wait_s += await budget.take(self.lane)
             try:
                 async with asyncio.timeout(self._timeout_s):
                     response = await self._http.request(

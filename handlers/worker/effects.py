@@ -297,7 +297,7 @@ class EffectExecutor:
                 raise _OverBudget(f"{command.op} made {made} requests, declares at most {command.params.max_requests}")
         except ChatwootThrottled:
             # throttled until its deadline was near: not made, and the run reads again (never a failure, §4.5)
-            error = EffectError(kind="stale_read", reason="throttled by Chatwoot's rate limit")
+            error = EffectError(kind="throttled", reason="throttled by Chatwoot's rate limit")
         except _ChangedSinceRead:
             error = EffectError(kind="stale_read", reason="changed since the fresh read")
         except _ReadBeforeFailed as exc:
@@ -322,6 +322,7 @@ class EffectExecutor:
             result=result,
             error=error,
             requests=chatwoot.requests + counter.requests,
+            rate_wait_ms=int(chatwoot.rate_wait_s * 1000),
         )
 
     async def _mutate_or_read(

@@ -281,6 +281,10 @@ class Folder:
             self.snapshot("handoff")
 
 
+NOT_MADE = frozenset({"stale_read", "throttled"})
+"""Error kinds of a mutation the worker did not make (never a failure): its fresh read was too old, or Chatwoot's
+rate limit refused every try until its deadline came near."""
+
 RECHECK_BEFORE: dict[Phase, Callable[[Folder], None]] = {
     "labels": lambda f: f.snapshot("after_decide"),
     "ending": lambda f: f.snapshot("before_end"),

@@ -64,6 +64,12 @@ def on_send(f: Folder, o: EffectOutcome) -> None:
     ):
         f.set_run(replied=True, canned_content=None)
         agents_step(f)
+    elif o.error is not None and o.error.kind == "throttled":
+        # refused with 429 on every try, so certainly not made (Rack::Attack answers before Chatwoot creates
+        # anything): the attempt is taken back and the reply goes out after a new fresh read (Decisions 15);
+        # throttling alone never hands a conversation off
+        f.ledger = f.ledger.evolve(value=None)
+        f.snapshot("before_send")
     elif o.error is not None and o.error.kind == "stale_read":
         # not sent (its fresh read was too old), and never sent later: the ledger already says attempted (§9.7)
         f.set_run(canned_content=None)

@@ -140,6 +140,32 @@ def test_send_error_hands_off_without_retrying_the_send() -> None:
     assert d.last().result == "handed_off"
 
 
+def test_a_reply_refused_by_the_rate_limit_is_sent_after_a_new_fresh_read_and_never_handed_off() -> None:
+    """Decisions 15: a 429 on every try proves the reply was not made, so the attempt is taken back and the reply
+    goes out once the limit lifts, after a new fresh read; the conversation is not handed off for throttling."""
+    d = refund()
+    d.chatwoot.errors["create_message"] = [EffectError(kind="throttled", reason="refused with 429")] * 2
+    d.webhook()
+    ops = d.chatwoot.ops()
+    sends = [i for i, op in enumerate(ops) if op == "create_message"]
+    assert len(sends) == 3  # twice refused, then sent
+    for refused in sends[:-1]:  # each try again comes after a new fresh read
+        assert ops[refused + 1 : refused + 4] == ["get_conversation", "get_inbox_bot", "read_turn"]
+    assert d.last().result == "assigned" and d.last().replied
+    assert d.state.ledger.value == "attempted"
+    assert not d.state.guard.handoff
+
+
+def test_a_reply_refused_otherwise_keeps_the_attempt_and_hands_off() -> None:
+    """Only a 429 proves the reply was not made: a stale read after a failed read before it keeps the contract."""
+    d = refund()
+    d.chatwoot.errors["create_message"] = [EffectError(kind="stale_read", reason="changed since the fresh read")]
+    d.webhook()
+    assert d.chatwoot.ops().count("create_message") == 1
+    assert d.last().result == "handed_off" and d.last().reason == "reply_stale_read"
+    assert d.state.ledger.value == "attempted"
+
+
 def test_kind_status_after_the_reply_ends_the_turn() -> None:
     from tests.unit.test_fold_driver import make_config
 
