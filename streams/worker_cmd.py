@@ -22,12 +22,15 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from handlers.kafka.authorization import refusal_reason
+from handlers.kafka.authorization import refusal_reason, report_once
 from handlers.kafka.config_store import apply as apply_config
 from handlers.kafka.config_store import ensure_configs_topic, read_book
+from handlers.kafka.group_right import check_once as check_group_right
+from handlers.kafka.group_right import probe_topic
 from handlers.kafka.security import client_options
 from handlers.kafka.topics import ensure_app_topics, log_topic_findings
 from handlers.logging_setup import configure_logging
+from handlers.privacy.kek import require_keks
 from handlers.worker.fencing import STARTING_AGAIN
 from schemas.config import ConfigError, Settings
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
@@ -41,7 +44,6 @@ STARTING_AGAIN_START = "kafka failed the worker's start" + STARTING_AGAIN
 STARTING_AGAIN_RUN = "a kafka error stopped the running worker" + STARTING_AGAIN
 BROKER_RETRY_S = 0.5  # between attempts while a starting worker waits for the broker (no cap on the wait)
 REFUSED_RETRY_S = 5.0  # ... and while the cluster refuses it a right: an administrator's grant takes a while
-REFUSED_VARIABLE = "ROUTER_WORKER_REFUSED"  # the refusal already logged, kept across a restart in the same process
 DEFAULT_WEB_PORT = 6066
 DEFAULT_WEB_HOST = "127.0.0.1"
 TOPICS = ("conversations", "effects", "sweeps", "dlq")
@@ -112,11 +114,14 @@ async def prepare_configuration(settings: Settings, env: WorkerEnv) -> ConfigBoo
 
 
 def wait_for_kafka(settings: Settings, env: WorkerEnv) -> tuple[int, ConfigBook] | None:
-    """Prepare the topics and the configuration, waiting for the broker as long as it takes.
+    """Check the group right, prepare the topics and the configuration, waiting for the broker as long as it takes.
 
     A broker that is restarting, not up yet or away for a while is no reason to exit (an orchestrator would
     only restart the worker into the same wait): each failed attempt is one log line, the next comes
-    BROKER_RETRY_S later, so the worker starts soon after the broker is back. Returns the
+    BROKER_RETRY_S later, so the worker starts soon after the broker is back. A right the cluster refuses is one
+    line (once, not per attempt), the next attempt REFUSED_RETRY_S later. The group comes first: Faust's consumer
+    would wait in silence for a JoinGroup the cluster refuses (handlers/kafka/group_right.py), and a principal that
+    may not join the app's group is not this app's worker, whatever topics it may read. Returns the
     replication factor and the configuration book, or None when SIGINT/SIGTERM arrives while it waits.
     """
     stop = threading.Event()
@@ -128,12 +133,13 @@ def wait_for_kafka(settings: Settings, env: WorkerEnv) -> tuple[int, ConfigBook]
         while not stop.is_set():
             attempt += 1
             try:
+                asyncio.run(check_group_right(env.bootstrap, env.app_id, probe_topic(env.topic(""))))
                 replication = asyncio.run(prepare_topics(env))
                 book = asyncio.run(prepare_configuration(settings, env))
             except Exception as exc:
                 refused = refusal_reason(exc)
                 if refused is not None:  # one line per refusal (not per attempt), no traceback, and wait
-                    report_refusal(refused)
+                    report_once(refused, log)
                     stop.wait(REFUSED_RETRY_S)
                     continue
                 log.warning(
@@ -160,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = load_or_exit(args.config)
     env = env_or_exit()
+    keks = require_keks()  # a worker without a key-encryption key refuses to start, in one line (docs/privacy.md)
     configure_logging(args.log_level.upper())  # JSON lines before Faust takes over logging (the topic check's)
     prepared = wait_for_kafka(settings, env)
     if prepared is None:
@@ -176,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
             web_port=args.web_port,
             replication_factor=replication,
             book=book,
+            keks=keks,
             declare_topics=False,  # wait_for_kafka made every topic: a worker needs no Create (projections/acls)
         )
     except InternalsChanged as exc:  # streams/worker/internals.py: one line, never a worker on unknown internals
@@ -195,20 +203,12 @@ def run(args: argparse.Namespace) -> int:
         error = worker.start_error or worker.crash_reason
         refused = refusal_reason(error) if error is not None else None
         if refused is not None:
-            report_refusal(refused)  # which right, on what, for whom: once, then the worker waits and tries again
+            report_once(refused, log)  # which right, on what, for whom: once, then the worker waits and tries again
         pause = REFUSED_RETRY_S if refused is not None else BROKER_RETRY_S
         if stopped.code and is_broker_fault(error) and not stop_requested(pause):
             start_again(error, while_starting=worker.start_error is not None, quiet=refused is not None)
         raise
     return 0
-
-
-def report_refusal(line: str) -> None:
-    """Log the authorizer's refusal once: again only when it changes, also across `start_again` (the line is
-    handed to the restarted process in its environment; it holds no password)."""
-    if os.environ.get(REFUSED_VARIABLE) != line:
-        log.error(line)
-        os.environ[REFUSED_VARIABLE] = line
 
 
 def is_broker_fault(error: BaseException | None) -> bool:

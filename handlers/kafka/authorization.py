@@ -7,11 +7,16 @@ aiokafka raises `TopicAuthorizationFailedError(topic or topics)` from metadata, 
 cluster-wide requests (an idempotent producer's InitProducerId); Faust raises `TopicAuthorizationFailedError("Cannot
 create topic: <name> (29): …")` when it declares a topic, and `handlers.kafka.topics` a `TopicCreationError`.
 Which operation was refused is not in the error: it follows from the request, so the caller may name it.
+
+A refused consumer group is not raised to Faust at all (aiokafka keeps it in its coordinator task):
+`handlers.kafka.group_right` asks for that right itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import re
 
 from aiokafka.errors import (
@@ -25,6 +30,9 @@ from projections.acls import Operation, Refusal, Resource, refusal_line
 from schemas.config import ConfigError
 
 REFUSED = (TopicAuthorizationFailedError, GroupAuthorizationFailedError, ClusterAuthorizationFailedError)
+REPORTED_VARIABLE = "ROUTER_WORKER_REFUSED"
+"""The refusal a worker logged last, kept in its environment across a start again in place (`exec`), so the fresh
+process waits without saying it again (the line holds no password)."""
 _CREATE = re.compile(r"[Cc]annot create topic:? ([^\s:]+)")
 
 
@@ -80,3 +88,16 @@ def refusal_reason(exc: BaseException, *, topic_operation: Operation = Operation
     """`find_refusal` as its one line, or None."""
     refusal = find_refusal(exc, topic_operation=topic_operation)
     return refusal_line(refusal) if refusal is not None else None
+
+
+def report_once(line: str, logger: logging.Logger) -> None:
+    """Log the refusal `line` at error level unless it is the one this process (or the one it replaced) logged last:
+    once per refusal, not once per attempt."""
+    if os.environ.get(REPORTED_VARIABLE) != line:
+        logger.error(line)
+        mark_reported(line)
+
+
+def mark_reported(line: str) -> None:
+    """`line` was said (e.g. in a fail-stop line): the next `report_once` of it is silent."""
+    os.environ[REPORTED_VARIABLE] = line

@@ -27,14 +27,14 @@ import os
 import secrets
 import shutil
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from handlers.kafka import acl_admin
 from projections.acls import SERVICE_ROLES, Acl, Role, acls_for
-from streams.kafka.tls import NODE_PRINCIPAL, TlsFiles, ensure_certificates
+from streams.kafka.tls import LOCAL_HOSTS, NODE_PRINCIPAL, TlsFiles, ensure_certificates
 
 MECHANISM = "SCRAM-SHA-512"
 CLIENT_LISTENER = "SASL_SSL"
@@ -142,10 +142,11 @@ def _jaas(username: str, password: str) -> str:
     return f'{login} required username="{username}" password="{password}";'
 
 
-def prepare(root: Path) -> SecureSetup:
-    """The secured setup of the data dir `root`: passwords and certificates made on first use, kept after."""
+def prepare(root: Path, hosts: Sequence[str] = LOCAL_HOSTS) -> SecureSetup:
+    """The secured setup of the data dir `root`: passwords and certificates made on first use, kept after; the node
+    certificate names `hosts` (`streams.kafka.tls`)."""
     root = root.resolve()
-    setup = SecureSetup(root, ensure_certificates(root / "tls"), _passwords(root / _PASSWORDS))
+    setup = SecureSetup(root, ensure_certificates(root / "tls", hosts=hosts), _passwords(root / _PASSWORDS))
     setup.write_client_files()
     return setup
 

@@ -2,10 +2,11 @@
 
 A private CA signs one node certificate that every node of the data dir presents, as a server on its listeners
 and as a client on the controller listener (mutual TLS there: `streams.kafka.secure`). Its subject is the nodes'
-principal (`User:CN=chatwoot-router-kafka-node`), its SANs are 127.0.0.1 and localhost, so clients keep
-hostname verification on. Everything is PEM, the form Kafka reads with `ssl.keystore.type=PEM` and
-`ssl.truststore.type=PEM` and Python's `ssl` reads as it is. A restart reuses the files; a node certificate
-that expires within NODE_RENEW_BEFORE is made again from the same CA (clients keep trusting it).
+principal (`User:CN=chatwoot-router-kafka-node`), its SANs are 127.0.0.1 and localhost (or the host names of a
+compose file's nodes: `chatwoot-router kafka-secrets`), so clients keep hostname verification on. Everything is
+PEM, the form Kafka reads with `ssl.keystore.type=PEM` and `ssl.truststore.type=PEM` and Python's `ssl` reads as
+it is. A restart reuses the files; a node certificate that expires within NODE_RENEW_BEFORE, or does not name the
+hosts asked for, is made again from the same CA (clients keep trusting it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,8 @@ SSL principal builder names it (a super user)."""
 CA_VALIDITY = dt.timedelta(days=3650)
 NODE_VALIDITY = dt.timedelta(days=730)
 NODE_RENEW_BEFORE = dt.timedelta(days=30)
+LOCAL_HOSTS = ("localhost", "127.0.0.1")
+"""The node certificate's SANs for the local nodes, which all listen on 127.0.0.1."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +54,12 @@ class TlsFiles:
         return self.directory / "node-keystore.pem"
 
 
-def ensure_certificates(directory: Path, now: dt.datetime | None = None) -> TlsFiles:
-    """The CA and node certificate under `directory`, made when missing (the node's also when near expiry)."""
+def ensure_certificates(
+    directory: Path, now: dt.datetime | None = None, *, hosts: Sequence[str] = LOCAL_HOSTS
+) -> TlsFiles:
+    """The CA and node certificate under `directory`, made when missing (the node's also when near expiry, or when
+    its SANs are not `hosts`: host names or IP addresses, every node's, since the nodes share the certificate)."""
+    sans = _sans(hosts)
     files = TlsFiles(_private_dir(directory))
     now = now or dt.datetime.now(dt.UTC)
     if not files.ca.exists() or not files.ca_key.exists():
@@ -59,13 +67,17 @@ def ensure_certificates(directory: Path, now: dt.datetime | None = None) -> TlsF
         _write(files.ca_key, _key_pem(key), private=True)
         _write(files.ca, _ca_certificate(key, now).public_bytes(serialization.Encoding.PEM), private=False)
         files.keystore.unlink(missing_ok=True)  # signed by a CA that is gone
-    if not files.keystore.exists() or _node_expires(files.keystore) - NODE_RENEW_BEFORE < now:
+    if (
+        not files.keystore.exists()
+        or _node_expires(files.keystore) - NODE_RENEW_BEFORE < now
+        or _node_sans(files.keystore) != sans
+    ):
         ca_key = serialization.load_pem_private_key(files.ca_key.read_bytes(), password=None)
         if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
             raise ValueError(f"{files.ca_key} is not the EC key this tool makes: remove {directory} to start anew")
         ca = x509.load_pem_x509_certificate(files.ca.read_bytes())
         key = ec.generate_private_key(ec.SECP256R1())
-        node = _node_certificate(key, ca, ca_key, now)
+        node = _node_certificate(key, ca, ca_key, now, sans)
         chain = node.public_bytes(serialization.Encoding.PEM) + ca.public_bytes(serialization.Encoding.PEM)
         _write(files.keystore, _key_pem(key) + chain, private=True)
     return files
@@ -101,8 +113,23 @@ def _ca_certificate(key: ec.EllipticCurvePrivateKey, now: dt.datetime) -> x509.C
     )
 
 
+def _sans(hosts: Sequence[str]) -> list[x509.GeneralName]:
+    """A SAN per host: an IP address as such (clients check an address against IP SANs only), else a DNS name."""
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return names
+
+
 def _node_certificate(
-    key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, now: dt.datetime
+    key: ec.EllipticCurvePrivateKey,
+    ca: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    now: dt.datetime,
+    sans: list[x509.GeneralName],
 ) -> x509.Certificate:
     return (
         x509.CertificateBuilder()
@@ -114,7 +141,7 @@ def _node_certificate(
         .not_valid_after(now + NODE_VALIDITY)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            x509.SubjectAlternativeName(sans),
             critical=False,
         )
         # server on every listener, client on the controller listener (mutual TLS between the nodes)
@@ -134,6 +161,14 @@ def _node_expires(keystore: Path) -> dt.datetime:
         return x509.load_pem_x509_certificate(keystore.read_bytes()).not_valid_after_utc
     except ValueError:
         return dt.datetime.min.replace(tzinfo=dt.UTC)  # unreadable: made again
+
+
+def _node_sans(keystore: Path) -> list[x509.GeneralName] | None:
+    try:
+        certificate = x509.load_pem_x509_certificate(keystore.read_bytes())
+        return list(certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value)
+    except (ValueError, x509.ExtensionNotFound):
+        return None  # unreadable, or without SANs: made again
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:

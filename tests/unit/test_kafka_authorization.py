@@ -3,6 +3,7 @@ the resource and the principal in one line, with no password; no broker here."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -14,7 +15,7 @@ from aiokafka.errors import (
 )
 
 from handlers.kafka import security
-from handlers.kafka.authorization import find_refusal, refusal_reason
+from handlers.kafka.authorization import REPORTED_VARIABLE, find_refusal, mark_reported, refusal_reason, report_once
 from handlers.kafka.topics import TopicCreationError
 from projections.acls import Operation, Refusal, Resource
 
@@ -68,3 +69,20 @@ def test_a_refusal_raised_from_another_error_is_found_and_other_errors_are_not_r
     assert line is not None and line.startswith("kafka refused User:worker the right Read on group 'app'")
     assert "s3cret-pw" not in line and "\n" not in line
     assert find_refusal(KafkaConnectionError("no broker")) is None
+
+
+def test_a_refusal_is_logged_once_also_across_a_start_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The line is kept in the environment, which `exec` hands to the fresh process; a fail-stop line that said it
+    marks it said."""
+    monkeypatch.delenv(REPORTED_VARIABLE, raising=False)
+    logger = logging.getLogger("chatwoot_router.test_refusals")
+    group = "kafka refused User:reader the right Read on group 'app': …"
+    topic = "kafka refused User:reader the right Write on topic 'app.effects': …"
+    with caplog.at_level(logging.ERROR, logger=logger.name):
+        for line in (group, group, topic, topic, group):
+            report_once(line, logger)
+        mark_reported(topic)  # e.g. a running worker's fail-stop line
+        report_once(topic, logger)
+    assert [record.getMessage() for record in caplog.records] == [group, topic, group]
