@@ -72,6 +72,7 @@ from schemas.config import parse_config
 from streams.kafka.cluster import LocalCluster, start_cluster
 from streams.kafka.local import LocalKafka, free_port, start_broker
 from streams.worker_cmd import STARTING_AGAIN
+from tests.support.env import TEST_KEK
 
 ROOT = Path(__file__).resolve().parents[1]
 USER_TOKEN = "chaos-user-token"
@@ -406,6 +407,7 @@ class Chaos:
             CHATWOOT_AGENT_BOT_TOKENS=json.dumps({str(k): v for k, v in BOT_TOKENS.items()}),
             CHATWOOT_AGENT_BOT_SECRETS=json.dumps({str(k): v for k, v in BOT_SECRETS.items()}),
             TYPESAFE_API_KEY=API_KEY,
+            ROUTER_KEY_ENCRYPTION_KEY=TEST_KEK,
         )
         return self.as_role(env, "admin")
 

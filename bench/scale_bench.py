@@ -12,7 +12,12 @@ of the demo's configuration. Then, in one run and in this order:
 - `whatif --config SAME` (all turns, the configuration in force as the candidate: nothing may change);
 - the console, started twice: seconds until its overview counts every conversation and the newest conversation's
   page answers 200 (the first start builds what it keeps, the second starts from it), and until its overview has
-  counted every record (a first start shows the workers' live states first: the history counts come later).
+  counted every record (a first start shows the workers' live states first: the history counts come later);
+- `console-start` (only when asked for, with `--only`): the console's first start on the built app, whose workers
+  never ran (no live table): seconds from the process's start to its first answered API request
+  (`GET /api/overview`, polled every 20 ms) and what it said, to the first answer of the newest conversation's
+  `GET /api/conversations/A:C` (200, or 202 "reading"), until the overview counts every conversation, until it
+  has caught up, and until the newest conversation's timeline is shown.
 
 Each command runs as its own process (`python -m streams.cli`, in `--code-dir`, so an exported older tree is
 measured the same way). Reported per command: seconds, the peak of the process tree's summed RSS and PSS (children
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -36,6 +42,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,11 +58,12 @@ from handlers.kafka.topics import ensure_app_topics  # noqa: E402
 from handlers.logs.reader import log_consumer  # noqa: E402
 from schemas.keys import partition_for  # noqa: E402
 from streams.kafka.local import free_port  # noqa: E402
-from tests.golden.histories import demo_logs, renamed, settings_of  # noqa: E402
+from tests.golden.histories import interleaved, settings_of  # noqa: E402
 
 PARTITIONS = 12
 DEMO = ROOT / "tests" / "golden" / "demo"
 COMMANDS = ("raw", "replay", "verify", "audit", "audit-verify", "whatif", "console")
+EXTRA = ("console-start",)  # measured only when named in --only
 
 
 # --- building the topic ---------------------------------------------------------------------------------------
@@ -98,36 +106,22 @@ def router_env(bootstrap: str, app_id: str, config_path: Path, retry_base_ms: in
 async def fill(bootstrap: str, app_id: str, wanted: int, interleave: int) -> Built:
     """Write at least `wanted` records of renamed demo histories, `interleave` conversations in flight."""
     topic = f"{app_id}.conversations"
-    logs = demo_logs()
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, acks=1, linger_ms=20, max_batch_size=512 * 1024, compression_type=None
     )
     await producer.start()
-    written, next_id, source = 0, 100_000, 0
-    active: list[tuple[str, list[str], int]] = []  # (key, records, next index)
-    oldest = newest = ""
+    written, keys = 0, dict[str, None]()  # the conversations in the order they started
     try:
-        while written < wanted or active:
-            while len(active) < interleave and written < wanted:
-                old, records = logs[source % len(logs)]
-                source += 1
-                next_id += 1
-                key = f"1:{next_id}"
-                oldest = oldest or key
-                newest = key
-                active.append((key, [renamed(r, old, next_id) for r in records], 0))
-            still = []
-            for key, records, index in active:
-                partition = partition_for(key, PARTITIONS)
-                await producer.send(topic, key=key.encode(), value=records[index].encode(), partition=partition)
-                written += 1
-                if index + 1 < len(records):
-                    still.append((key, records, index + 1))
-            active = still
+        for key, record in interleaved(wanted, interleave):
+            partition = partition_for(key, PARTITIONS)
+            await producer.send(topic, key=key.encode(), value=record.encode(), partition=partition)
+            written += 1
+            keys.setdefault(key)
         await producer.flush()
     finally:
         await producer.stop()
-    return Built(app_id, written, next_id - 100_000, oldest, newest)
+    started = list(keys)
+    return Built(app_id, written, len(started), started[0] if started else "", started[-1] if started else "")
 
 
 def build(bootstrap: str, records: int, interleave: int, workdir: Path) -> tuple[Built, dict[str, str]]:
@@ -302,13 +296,11 @@ async def raw_consumer(bootstrap: str, topic: str) -> tuple[float, int]:
         await consumer.stop()
 
 
-def console_first_page(
-    code_dir: Path, env: dict[str, str], built: Built, raw_rate: float, snapshot_dir: Path, label: str
-) -> Result:
-    """Seconds from the console's start until its overview counts every conversation and the newest conversation's
-    page answers 200."""
+@contextlib.contextmanager
+def console(code_dir: Path, env: dict[str, str], snapshot_dir: Path) -> Iterator[tuple[str, Peak]]:
+    """`chatwoot-router console` of `code_dir` with its snapshot under `snapshot_dir`: its URL and the peak memory
+    of its process tree while it runs; stopped on leaving."""
     port = free_port()
-    started, cpu = time.monotonic(), children_cpu()
     process = subprocess.Popen(
         [sys.executable, "-m", "streams.cli", "console", "--port", str(port)],
         cwd=code_dir,
@@ -316,27 +308,35 @@ def console_first_page(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    url = f"http://127.0.0.1:{port}"
-    overview_s = newest_s = complete_s = None
     with Peak(process.pid) as peak:
         try:
-            with httpx.Client(timeout=30) as http:
-                while time.monotonic() - started < 3600 and None in (overview_s, newest_s, complete_s):
-                    try:
-                        if overview_s is None or complete_s is None:
-                            answer = http.get(f"{url}/api/overview").json()
-                            if overview_s is None and answer["data"]["conversations"] >= built.conversations:
-                                overview_s = time.monotonic() - started
-                            if complete_s is None and answer["fragments"]["live"].startswith("live"):
-                                complete_s = time.monotonic() - started  # caught up: every record counted
-                        if newest_s is None and http.get(f"{url}/conversations/{built.newest}").status_code == 200:
-                            newest_s = time.monotonic() - started
-                    except (httpx.HTTPError, ValueError, KeyError):
-                        pass
-                    time.sleep(0.1)
+            yield f"http://127.0.0.1:{port}", peak
         finally:
             process.terminate()
             process.wait(timeout=60)
+
+
+def console_first_page(
+    code_dir: Path, env: dict[str, str], built: Built, raw_rate: float, snapshot_dir: Path, label: str
+) -> Result:
+    """Seconds from the console's start until its overview counts every conversation and the newest conversation's
+    page answers 200."""
+    started, cpu = time.monotonic(), children_cpu()
+    overview_s = newest_s = complete_s = None
+    with console(code_dir, env, snapshot_dir) as (url, peak), httpx.Client(timeout=30) as http:
+        while time.monotonic() - started < 3600 and None in (overview_s, newest_s, complete_s):
+            try:
+                if overview_s is None or complete_s is None:
+                    answer = http.get(f"{url}/api/overview").json()
+                    if overview_s is None and answer["data"]["conversations"] >= built.conversations:
+                        overview_s = time.monotonic() - started
+                    if complete_s is None and answer["fragments"]["live"].startswith("live"):
+                        complete_s = time.monotonic() - started  # caught up: every record counted
+                if newest_s is None and http.get(f"{url}/conversations/{built.newest}").status_code == 200:
+                    newest_s = time.monotonic() - started
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            time.sleep(0.1)
     seconds = max(overview_s or float("nan"), newest_s or float("nan"))
     rate = built.records / seconds
     note = (
@@ -346,6 +346,51 @@ def console_first_page(
     )
     mb = (peak.rss_kb / 1024, peak.pss_kb / 1024)
     return Result(label, seconds, *mb, rate, rate / raw_rate, peak.processes, note, children_cpu() - cpu)
+
+
+def console_start(code_dir: Path, env: dict[str, str], built: Built, snapshot_dir: Path) -> Result:
+    """Seconds from the console's process start to its first answered API request, with no snapshot and (on the
+    built app) no workers' live table; then to the newest conversation's first answer, the overview counting every
+    conversation, the console caught up, and the newest conversation's timeline shown. `seconds` is the first."""
+    started, cpu = time.monotonic(), children_cpu()
+    marks: dict[str, float] = {}
+    said = ""
+
+    def at(name: str) -> None:
+        marks.setdefault(name, time.monotonic() - started)
+
+    with console(code_dir, env, snapshot_dir) as (url, peak), httpx.Client(timeout=60) as http:
+        while "first answer" not in marks and time.monotonic() - started < 600:
+            try:
+                answer = http.get(f"{url}/api/overview")
+            except httpx.TransportError:
+                time.sleep(0.02)
+                continue
+            at("first answer")
+            body = answer.json()
+            catching = body.get("catching_up", "not said")
+            said = f"HTTP {answer.status_code}, catching_up {catching}, {body['data']['records']:,} records"
+        begun = time.monotonic()
+        page = http.get(f"{url}/api/conversations/{built.newest}")
+        at("newest conversation answered")
+        said += f"; newest conversation: HTTP {page.status_code} after {time.monotonic() - begun:.2f} s"
+        while time.monotonic() - started < 3600 and len(marks) < 5:
+            try:
+                body = http.get(f"{url}/api/overview").json()
+                if body["data"]["conversations"] >= built.conversations:
+                    at("every conversation counted")
+                if body["fragments"]["live"].startswith("live"):
+                    at("caught up")
+                if http.get(f"{url}/api/conversations/{built.newest}").status_code == 200:
+                    at("newest timeline shown")
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            time.sleep(0.1)
+    seconds = marks.get("first answer", float("nan"))
+    note = ", ".join(f"{name} {value:.2f} s" for name, value in marks.items()) + f" ({said})"
+    mb = (peak.rss_kb / 1024, peak.pss_kb / 1024)
+    rate = built.records / marks.get("caught up", float("nan"))
+    return Result("console start (no workers)", seconds, *mb, rate, 0.0, peak.processes, note, children_cpu() - cpu)
 
 
 def measure(
@@ -389,6 +434,10 @@ def measure(
             result = console_first_page(code_dir, new_env, built, raw_rate, snapshot, label)
             results.append(result)
             print(show(result), flush=True)
+    if "console-start" in wanted:  # the built app: no worker ever ran on it, so there is no live table
+        result = console_start(code_dir, env, built, workdir / f"console-start-{uuid.uuid4().hex[:4]}")
+        results.append(result)
+        print(show(result), flush=True)
     return results
 
 
@@ -421,7 +470,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, action="append", help="topic size; repeat for a growth figure")
     parser.add_argument("--interleave", type=int, default=50, help="conversations in flight while filling")
     parser.add_argument("--code-dir", default=str(ROOT), help="the tree whose commands are measured")
-    parser.add_argument("--only", help=f"a comma-separated subset of {','.join(COMMANDS)}")
+    parser.add_argument("--only", help=f"a comma-separated subset of {','.join(COMMANDS + EXTRA)}")
     parser.add_argument("--jobs", type=int, help="passed as --jobs N to the commands that take it")
     parser.add_argument("--app-id", action="append", help="measure an app built earlier instead (one per size)")
     parser.add_argument("--rebuilt", action="append", help="with --app-id: its app rebuilt earlier (skips the rebuild)")

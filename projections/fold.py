@@ -20,6 +20,8 @@ from schemas.records import (
     ChainedOutcomes,
     EffectCommand,
     EffectOutcome,
+    ForgetRequested,
+    Forgotten,
     SweepFound,
     TimerFired,
     TurnOutcome,
@@ -27,7 +29,7 @@ from schemas.records import (
 )
 from schemas.state import ConversationState
 
-SingleEvent = WebhookReceived | SweepFound | EffectOutcome | TimerFired
+SingleEvent = WebhookReceived | SweepFound | EffectOutcome | TimerFired | ForgetRequested | Forgotten
 Event = SingleEvent | ChainedOutcomes
 
 
@@ -46,6 +48,8 @@ def fold(
     `offset` (`parts_of`), folded on the state its previous part left."""
     if offset < state.offset or (offset == state.offset and not continuing):
         return FoldResult(state, [], wakeup_of(state), [])
+    if state.forgotten_ms is not None or isinstance(event, ForgetRequested | Forgotten):
+        return _forgetting(state, event, offset)
     if isinstance(event, ChainedOutcomes):
         return _fold_chain(state, event, offset, config, retry_base_ms, config_version)
     parsed = conversation_key_of(event.key)
@@ -58,6 +62,17 @@ def fold(
     if config_version is not None and result.state.config_version != config_version:
         update["config_version"] = config_version
     return result._replace(state=result.state.evolve(**update)) if update else result
+
+
+def _forgetting(state: ConversationState, event: Event, offset: int) -> FoldResult:
+    """Issue 32: a forget request changes nothing here (the worker erases the key, then writes `Forgotten`);
+    `Forgotten` ends whatever ran and holds the sealed fields (the run's turn read and fresh read) no more; after it
+    every record of the conversation is applied as nothing: it is never routed again."""
+    if isinstance(event, Forgotten) and state.forgotten_ms is None:
+        state = state.evolve(offset=offset, forgotten_ms=event.at_ms, job=None, run=None)
+    else:
+        state = state.evolve(offset=offset)
+    return FoldResult(state, [], wakeup_of(state), [])
 
 
 def parts_of(event: Event) -> tuple[SingleEvent, ...]:
@@ -145,7 +160,7 @@ def _apply(f: Folder, event: SingleEvent) -> None:
         f.admit(event.transition if isinstance(event, WebhookReceived) else None)
     elif isinstance(event, EffectOutcome):
         _on_outcome(f, event)
-    else:
+    elif isinstance(event, TimerFired):
         f.on_timer(event)
     f.maybe_start()
 

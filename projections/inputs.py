@@ -11,10 +11,14 @@ from projections.jev import FIXED_TEXTS
 from projections.redaction import cut_utf16, is_usable
 from schemas.chatwoot import MessageType
 from schemas.config import RouterConfig
-from schemas.records import MessageView
+from schemas.records import ConversationView, Decide, MessageView
 
 MAX_TEXTS = 3
 MAX_INPUT_UTF16 = 1600
+WITHHELD = "(withheld: sealed under the conversation's data key; docs/privacy.md)"
+"""What a reader shows for a sealed input it cannot open (no key-encryption key given)."""
+ERASED = "(erased: the conversation was forgotten; docs/privacy.md)"
+"""What a reader shows for a sealed input whose data key was destroyed by `forget`."""
 
 
 def is_customer_message(m: MessageView) -> bool:
@@ -30,34 +34,75 @@ def is_customer_message(m: MessageView) -> bool:
 
 @dataclass(frozen=True)
 class TurnInput:
-    """What System One is asked about: `key` = kept message ids joined by ',', `count` ≤ 3."""
+    """What System One is asked about: `key` = kept message ids joined by ',', `count` ≤ 3.
+
+    Read from records written before issue 32 it holds the plaintext `text`; from sealed records it holds the
+    sealed `parts` and `domain` and their digests instead (the fold never sees customer text: docs/privacy.md)."""
 
     key: str
     count: int
-    text: str
+    text: str | None = None
+    parts: tuple[str, ...] = ()
+    domain: str | None = None
+    digests: tuple[str, ...] = ()
+    domain_digest: str | None = None
+
+
+def input_text(texts: Sequence[str], email_domain: str | None) -> str:
+    """§6.5: the texts joined by a space after the domain line, cut to 1,600 units (the text System One reads)."""
+    text = " ".join(texts)
+    if email_domain:
+        text = f"Contact email domain: {email_domain}\n{text}"
+    return cut_utf16(text, MAX_INPUT_UTF16)
+
+
+def _usable(m: MessageView) -> bool:
+    if m.sealed_text is not None:
+        return bool(m.usable)
+    return m.text is not None and is_usable(m.text)
 
 
 def build_input(messages: Sequence[MessageView], email_domain: str | None) -> TurnInput:
-    """§6.5: the first three usable customer texts (already redacted), domain prefix, cut to 1,600 units."""
+    """§6.5 on plaintext (records written before issue 32): the first three usable customer texts (already
+    redacted), domain prefix, cut to 1,600 units."""
+    return turn_input(messages, ConversationView(inbox_id=None, status=None, email_domain=email_domain))
+
+
+def turn_input(messages: Sequence[MessageView], current: ConversationView | None) -> TurnInput:
+    """§6.5: the first three usable customer texts (already redacted), domain prefix, cut to 1,600 units; sealed
+    texts stay sealed (the worker that asks System One opens them)."""
     kept: list[MessageView] = []
     for m in messages:
         if len(kept) == MAX_TEXTS:
             break
-        if is_customer_message(m) and m.text is not None and is_usable(m.text):
+        if is_customer_message(m) and _usable(m):
             kept.append(m)
-    text = " ".join(m.text or "" for m in kept)
-    if email_domain:
-        text = f"Contact email domain: {email_domain}\n{text}"
-    return TurnInput(
-        key=",".join(str(m.id) for m in kept), count=len(kept), text=cut_utf16(text, MAX_INPUT_UTF16)
-    )
+    key = ",".join(str(m.id) for m in kept)
+    if any(m.sealed_text is not None for m in kept) or (current is not None and current.sealed_email_domain):
+        return TurnInput(
+            key=key,
+            count=len(kept),
+            parts=tuple(m.sealed_text or "" for m in kept),
+            domain=current.sealed_email_domain if current is not None else None,
+            digests=tuple(m.text_digest or "" for m in kept),
+            domain_digest=current.email_domain_digest if current is not None else None,
+        )
+    domain = current.email_domain if current is not None else None
+    return TurnInput(key=key, count=len(kept), text=input_text([m.text or "" for m in kept], domain))
 
 
 def memo_key(input_: TurnInput, config: RouterConfig, account_id: int) -> str:
     """Decisions 2: the input ids plus a hash of the text, the account's routing setup, the model and the
-    fixed Jev texts, so a changed model or configuration decides again while retries never do."""
-    material = '{"text": ' + json.dumps(input_.text, ensure_ascii=False) + ", " + _setup_json(config, account_id)
-    digest = hashlib.sha256(material.encode()).hexdigest()
+    fixed Jev texts, so a changed model or configuration decides again while retries never do.
+
+    A sealed input is hashed by its texts' keyed digests instead of its text: equal texts give equal keys within
+    the conversation, and once its data key is destroyed no one can test a guessed text against the key."""
+    if input_.text is not None:
+        material = '{"text": ' + json.dumps(input_.text, ensure_ascii=False)
+    else:
+        sealed = {"digests": list(input_.digests), "domain": input_.domain_digest}
+        material = '{"sealed": ' + json.dumps(sealed)
+    digest = hashlib.sha256((material + ", " + _setup_json(config, account_id)).encode()).hexdigest()
     return f"{input_.key}#{digest[:32]}"
 
 
@@ -87,3 +132,10 @@ def _setup_json(config: RouterConfig, account_id: int) -> str:
         _SETUPS.clear()
     _SETUPS[(id(config), account_id)] = (config, text)
     return text
+
+
+def decide_command(input_: TurnInput) -> Decide:
+    """The System One call for `input_`: its plaintext text (records before issue 32) or its sealed parts."""
+    if input_.text is not None:
+        return Decide(input_key=input_.key, text=input_.text)
+    return Decide(input_key=input_.key, parts=input_.parts, domain=input_.domain)

@@ -13,6 +13,9 @@ docs/operations.md ("Topics and their settings") gives the reasons in a table; i
   and the run re-issues it, so a deleted command is never a lost action.
 - `dlq` keeps dead letters 30 days, long enough to notice, fix the cause and `replay dlq`; the original record
   is still on its source topic, so nothing is lost when a dead letter expires.
+- `keys` holds each conversation's data key, wrapped (issue 32): compacted, and compacted within
+  `max.compaction.lag.ms` (the erasure deadline, 7 days) of an erasure fence replacing a key, so a destroyed key is
+  gone from every broker by then (docs/privacy.md).
 - `configs` and the tables' changelogs are compacted only (no time-based deletion): the latest value of each
   key is kept forever, and every configuration version is its own key.
 - every topic: replication min(3, brokers), `min.insync.replicas` = min(2, replication), so an `acks=all`
@@ -34,6 +37,8 @@ MIN_INSYNC = 2
 FOREVER = -1
 DAY_MS = 86_400_000
 EFFECTS_RETENTION_MS = 7 * DAY_MS
+ERASURE_DEADLINE_MS = 7 * DAY_MS
+"""`<app>.keys`'s `max.compaction.lag.ms`: an erased data key is compacted away from every broker within this."""
 DLQ_RETENTION_MS = 30 * DAY_MS
 
 RETENTION_MS = "retention.ms"
@@ -41,6 +46,7 @@ RETENTION_BYTES = "retention.bytes"
 CLEANUP_POLICY = "cleanup.policy"
 MIN_ISR = "min.insync.replicas"
 UNCLEAN = "unclean.leader.election.enable"
+MAX_COMPACTION_LAG = "max.compaction.lag.ms"
 PARTITIONS = "partitions"
 REPLICATION = "replication"
 
@@ -53,13 +59,14 @@ class Kind(StrEnum):
     SWEEPS = "sweeps"
     CONFIGS = "configs"
     DLQ = "dlq"
+    KEYS = "keys"
     CHANGELOG = "changelog"
 
 
 # the topics a worker creates with ROUTER_PARTITIONS partitions (`configs` has one partition)
-WORKER_KINDS = (Kind.CONVERSATIONS, Kind.EFFECTS, Kind.SWEEPS, Kind.DLQ)
+WORKER_KINDS = (Kind.CONVERSATIONS, Kind.EFFECTS, Kind.SWEEPS, Kind.DLQ, Kind.KEYS)
 # partition p of each of these is owned by one worker, so they must share one partition count
-CO_PARTITIONED = frozenset({Kind.CONVERSATIONS, Kind.EFFECTS, Kind.SWEEPS, Kind.CHANGELOG})
+CO_PARTITIONED = frozenset({Kind.CONVERSATIONS, Kind.EFFECTS, Kind.SWEEPS, Kind.KEYS, Kind.CHANGELOG})
 _LOG_KINDS = frozenset({Kind.CONVERSATIONS, Kind.SWEEPS})
 
 
@@ -104,8 +111,10 @@ def min_insync_for(replication: int) -> int:
 def topic_configs(kind: Kind | None, replication: int, log_retention_ms: int | None = None) -> dict[str, str]:
     """The topic-level settings the router gives a topic of `kind` (None: only the settings every topic gets)."""
     configs = {MIN_ISR: str(min_insync_for(replication)), UNCLEAN: "false"}
-    if kind in (Kind.CONFIGS, Kind.CHANGELOG):
+    if kind in (Kind.CONFIGS, Kind.CHANGELOG, Kind.KEYS):
         configs[CLEANUP_POLICY] = "compact"
+        if kind is Kind.KEYS:
+            configs[MAX_COMPACTION_LAG] = str(ERASURE_DEADLINE_MS)
     elif kind is not None:
         retention = {
             Kind.CONVERSATIONS: log_retention_ms or FOREVER,
@@ -266,6 +275,11 @@ def _problem(
         if want == "compact":
             return "time-based deletion removes table values or configuration versions still in use", True
         return "compaction keeps one record per key and deletes the rest of the history", True
+    if setting == MAX_COMPACTION_LAG:
+        number = _int(have)
+        if number is not None and 0 < number <= int(want):
+            return None
+        return "an erased data key may stay on the brokers' disks past the erasure deadline", True
     if setting == RETENTION_BYTES:
         if _int(have) == FOREVER:
             return None

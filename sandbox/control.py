@@ -105,6 +105,7 @@ def _create(sandbox: Sandbox, body: dict[str, Any], ids: dict[str, int]) -> Any:
         blocked=bool(body.get("blocked", False)),
         assignee_id=body.get("assignee_id"),
         subject=body.get("subject"),
+        contact_id=body.get("contact_id"),
     )
     for text in body.get("messages", []):
         sandbox.customer_message(conversation.account_id, conversation.id, str(text))

@@ -113,15 +113,22 @@ class Sandbox:
         blocked: bool = False,
         assignee_id: int | None = None,
         subject: str | None = None,
+        contact_id: int | None = None,
     ) -> Conversation:
-        """A new conversation; like in Chatwoot no webhook fires until its first message."""
+        """A new conversation (of an existing contact with `contact_id`); like in Chatwoot no webhook fires until
+        its first message."""
         if account_id not in self.world.accounts:
             raise ApiError(404, {"error": f"no account {account_id}"})
         inbox = self.world.inboxes.get(inbox_id)
         if inbox is None or inbox.account_id != account_id:
             raise ApiError(404, {"error": f"no inbox {inbox_id} in account {account_id}"})
-        contact = Contact(self.world.next_id("contact"), account_id, contact_name, contact_email, blocked)
-        self.world.contacts[contact.id] = contact
+        if contact_id is not None:
+            if contact_id not in self.world.contacts:
+                raise ApiError(404, {"error": f"no contact {contact_id}"})
+            contact = self.world.contacts[contact_id]
+        else:
+            contact = Contact(self.world.next_id("contact"), account_id, contact_name, contact_email, blocked)
+            self.world.contacts[contact.id] = contact
         attributes = {"mail_subject": subject} if subject else {}
         return self.world.create_conversation(
             account_id, inbox_id, contact, assignee_id=assignee_id, additional_attributes=attributes

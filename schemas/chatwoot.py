@@ -118,6 +118,7 @@ class Assignee(_Model):
 class Contact(_Model):
     """The conversation's contact; its name and e-mail are for redaction only, never for the event log."""
 
+    id: Lenient[StrictInt] = None
     name: Lenient[StrictStr] = None
     email: Lenient[StrictStr] = None
     blocked: Lenient[StrictBool] = None

@@ -53,6 +53,37 @@ class WebhookReceived(Record):
 # --- other events on `<app>.conversations` ---
 
 
+class ForgetRequested(Record):
+    """`chatwoot-router forget` asks the worker that owns the conversation to erase it (issue 32): destroy its data
+    key (the erasure fence on `<app>.keys`), then write `Forgotten`. No personal data: ids, a reason, a request id."""
+
+    type: Literal["forget_requested"] = "forget_requested"
+    account_id: int
+    conversation_id: int
+    reason: str = Field(max_length=200, description="why, in the operator's words (no personal data)")
+    request_id: str = Field(description="names the request; its `Forgotten` record carries it back")
+
+    @property
+    def key(self) -> str:
+        return conversation_key(self.account_id, self.conversation_id)
+
+
+class Forgotten(Record):
+    """The proof of an erasure (issue 32): the conversation's data key was replaced by the erasure fence, durably,
+    at `at_ms`; every sealed field of it is unreadable from then on, on every topic, disk and backup, and the
+    conversation is never routed again. PII-free: the decisions and outcomes before it stay readable."""
+
+    type: Literal["forgotten"] = "forgotten"
+    account_id: int
+    conversation_id: int
+    reason: str
+    request_id: str | None = Field(default=None, description="the `forget` request it answers; None if automatic")
+
+    @property
+    def key(self) -> str:
+        return conversation_key(self.account_id, self.conversation_id)
+
+
 
 class SweepFound(Record):
     """A conversation selected from a sweep page (behavior.md §5 step 3), admitted without a transition."""
@@ -99,6 +130,17 @@ class _View(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _absent(value: object) -> bool:
+    """A sealed field that is not there is left out of the record, so records without one keep their bytes."""
+    return value is None
+
+
+SEALED = (
+    "sealed under the conversation's data key (`s1.` + AES-256-GCM, handlers/privacy/envelope.py; docs/privacy.md): "
+)
+DIGEST = "a keyed digest (HMAC-SHA-256 under the conversation's data key) of the same plaintext: "
+
+
 class ConversationView(_View):
     """The parts of `GET conversation` the rules read. The contact appears only as its e-mail domain."""
 
@@ -111,7 +153,14 @@ class ConversationView(_View):
     blocked: bool = False
     email_domain: str | None = Field(
         default=None,
-        description="part of meta.sender.email after the first '@' (up to a second); None if no '@'",
+        description="part of meta.sender.email after the first '@' (up to a second); None if no '@'. Records "
+        "written before issue 32 only: since then the domain is sealed (`sealed_email_domain`)",
+    )
+    sealed_email_domain: str | None = Field(
+        default=None, exclude_if=_absent, description=SEALED + "the contact's e-mail domain"
+    )
+    email_domain_digest: str | None = Field(
+        default=None, exclude_if=_absent, description=DIGEST + "what the decision memo's key is made of"
     )
     updated_at: float | None = Field(
         default=None,
@@ -136,7 +185,19 @@ class MessageView(_View):
     activity_status: str | None = None
     conversation_id: int | None = None
     text: str | None = Field(
-        default=None, description="redacted sanitize(subject + '\\n' + body) for incoming messages, else None"
+        default=None,
+        description="redacted sanitize(subject + '\\n' + body) for incoming messages, else None. Records written "
+        "before issue 32 only: since then the text is sealed (`sealed_text`)",
+    )
+    sealed_text: str | None = Field(default=None, exclude_if=_absent, description=SEALED + "the redacted text")
+    text_digest: str | None = Field(
+        default=None, exclude_if=_absent, description=DIGEST + "what the decision memo's key is made of"
+    )
+    usable: bool | None = Field(
+        default=None,
+        exclude_if=_absent,
+        description="whether the sealed text says something besides redaction tokens (§6.5 step 4), decided when it "
+        "was read",
     )
 
 
@@ -179,11 +240,17 @@ class ReadTurn(_Params):
 
 
 class Decide(_Params):
-    """System One call; `text` is the redacted input of §6.5, the questions come from the configuration."""
+    """System One call on the redacted input of §6.5; the questions come from the configuration.
+
+    Since issue 32 the input is `parts` (the sealed texts, in order) and `domain` (the sealed e-mail domain), and
+    the worker that asks System One opens them and builds the text (`projections/inputs.py:input_text`); `text`
+    is the plaintext input of commands written before."""
 
     op: Literal["decide"] = "decide"
     input_key: str
-    text: str
+    text: str | None = Field(default=None, exclude_if=_absent)
+    parts: tuple[str, ...] = Field(default=(), exclude_if=lambda parts: not parts, description=SEALED + "texts")
+    domain: str | None = Field(default=None, exclude_if=_absent, description=SEALED + "the e-mail domain")
 
 
 class _Mutation(_Params):
@@ -498,12 +565,22 @@ def parse_marker(raw: bytes | None) -> ConfigApplied | None:
 
 
 ConversationEvent = Annotated[
-    WebhookReceived | SweepFound | EffectOutcome | ChainedOutcomes | TimerFired, Field(discriminator="type")
+    WebhookReceived | SweepFound | EffectOutcome | ChainedOutcomes | TimerFired | ForgetRequested | Forgotten,
+    Field(discriminator="type"),
 ]
 SweepEvent = Annotated[SweepRequested | EffectOutcome | TimerFired, Field(discriminator="type")]
 
 TOPIC_RECORDS: dict[str, tuple[type[Record], ...]] = {
-    "conversations": (WebhookReceived, SweepFound, EffectOutcome, ChainedOutcomes, TimerFired, ConfigApplied),
+    "conversations": (
+        WebhookReceived,
+        SweepFound,
+        EffectOutcome,
+        ChainedOutcomes,
+        TimerFired,
+        ConfigApplied,
+        ForgetRequested,
+        Forgotten,
+    ),
     "effects": (EffectCommand,),
     "sweeps": (SweepRequested, EffectOutcome, TimerFired, ConfigApplied),
 }

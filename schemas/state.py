@@ -158,6 +158,11 @@ class ConversationState(_State):
     first_version: str | None = Field(
         default=None, description="the configuration version in force at that first record (None: none applied)"
     )
+    forgotten_ms: int | None = Field(
+        default=None,
+        exclude_if=lambda at: at is None,
+        description="when the conversation was forgotten (issue 32): never routed again; its sealed fields are gone",
+    )
 
 
 class SweepJob(_State):

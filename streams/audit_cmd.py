@@ -32,7 +32,7 @@ from handlers.logs.audit import (
 from handlers.logs.progress import ReadProgress
 from handlers.logs.reader import key_shares
 from handlers.logs.shards import ShardFailed, jobs_for, run_sharded
-from projections.console.model import ConsoleModel
+from handlers.privacy.reader_keys import read_reader_keys
 from projections.logs.audit import LogReplay, render_text
 from projections.logs.scan import History, LogScan
 from projections.logs.verify import Verified, diff_states
@@ -97,14 +97,11 @@ def new_replay(book: ConfigBook, config: RouterConfig | None, retry_base_ms: int
     return LogReplay(book=book) if len(book) else LogReplay(config, retry_base_ms=retry_base_ms)
 
 
-def render_html(key: str, page: ConsoleModel) -> str:
-    """The console's conversation page for `key`, as a standalone file (inline CSS, no script, no server links)."""
-    return render_conversation(key, page.timeline(key), standalone=True)
-
-
-def page_model(replay: LogReplay, key: str) -> ConsoleModel:
-    """The console's read model of one conversation, folded under the same configurations as `replay`."""
-    return ConsoleModel(replay.config, retry_base_ms=replay.retry_base_ms, book=replay.book, only_key=key)
+def render_html(key: str, replay: LogReplay) -> str:
+    """The console's conversation page for `key`, as a standalone file (inline CSS, no script, no server links),
+    drawn from the timeline the text is printed from; None when the log has no record of it."""
+    trail = replay.trails.get(key)
+    return render_conversation(key, trail.timeline if trail is not None else None, standalone=True)
 
 
 def say_partial(history: History) -> None:
@@ -114,18 +111,15 @@ def say_partial(history: History) -> None:
 
 def timeline(args: argparse.Namespace, bootstrap: str, app_id: str, replay: LogReplay) -> int:
     key = args.conversation
-    page = page_model(replay, key) if args.html else None
+    replay.opener = asyncio.run(read_reader_keys(bootstrap, app_id, only={key})).open_decide  # with the KEK
     feeds: list[Feed] = [lambda value, offset, partition, _key: replay.feed(value, offset, partition)]
     scans: list[LogScan[Any]] = [replay.scan]
-    if page is not None:
-        feeds.append(page.feed)
-        scans.append(page.scan)
     read = asyncio.run(read_conversation(bootstrap, app_id, key, feeds, scans))
     if read.partial:
         say_partial(read.history)
     print(render_text(replay.trail(key)), end="")
-    if args.html and page is not None:
-        args.html.write_text(render_html(key, page), encoding="utf-8")
+    if args.html:
+        args.html.write_text(render_html(key, replay), encoding="utf-8")
     return 0
 
 

@@ -31,9 +31,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "console": ("streams.console_cmd", "serve the read-only operator console (overview, conversation timelines)"),
     "whatif": ("streams.whatif_cmd", "re-decide recorded turns under a candidate configuration (no side effects)"),
     "topics": ("streams.topics_cmd", "list the app's topics with their settings and what is wrong (`--fix` corrects)"),
+    "forget": ("streams.admin.forget_cmd", "erase a conversation or a contact's conversations (crypto-shredding)"),
     "acls": ("streams.admin.acls_cmd", "print the ACLs each role needs as kafka-acls lines (`--apply` creates them)"),
+    "kafka-secrets": ("streams.kafka.secrets_cmd", "write a secured Kafka's CA, certificates and role properties"),
 }
-NO_KAFKA_CLIENT = {"kafka", "sandbox"}  # the local brokers and the simulated Chatwoot: no client security to check
+NO_KAFKA_CLIENT = {"kafka", "kafka-secrets", "sandbox"}  # local brokers, their files, the simulated Chatwoot
 KEEP_TRYING = {"ingress", "worker"}  # refused by the cluster, they say so and keep trying (/healthz 503 with why)
 
 

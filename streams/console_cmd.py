@@ -5,7 +5,9 @@
 
 It replays `<app>.conversations` (KAFKA_BOOTSTRAP_SERVERS, ROUTER_APP_ID) with the worker's fold, under the
 configuration versions applied on `<app>.configs` (a configuration file only for a log without any), and keeps
-tailing it, so its pages follow the router live. What it folded is kept in a snapshot on local disk
+tailing it, so its pages follow the router live. It listens before it reads anything from Kafka: its pages answer
+from the first moment with what it has folded so far, and say that it is catching up until it has read the log to
+its end. What it folded is kept in a snapshot on local disk
 (`--snapshot-dir`, default `$ROUTER_DATA_DIR/console`): a restart shows the overview at once and reads only what
 was written since; without a snapshot it folds the log from the start (and says how far it is). A conversation's
 page is read from the log when it is asked for, from the conversation's first record in its own partition.
@@ -33,7 +35,6 @@ from handlers.console.live import LiveConsole
 from handlers.console.server import create_app
 from handlers.console.snapshot import Snapshot, snapshot_path
 from handlers.console.sources import LogTail, Sources
-from handlers.kafka.config_store import read_book
 from handlers.logging_setup import configure_logging
 from schemas.config import RouterConfig, load_config_file
 from schemas.configs import ConfigBook
@@ -45,7 +46,6 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8090
 MIN_TOKEN_LENGTH = 16
 EXIT_USAGE = 2
-WAIT_S = 2.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,32 +106,15 @@ def url_of(host: str, port: int) -> str:
     return f"http://{shown}:{port}"
 
 
-async def first_book(bootstrap: str, app_id: str, config: RouterConfig | None) -> ConfigBook:
-    """The applied configuration versions; without a configuration file, wait until one was applied."""
-    said = False
-    while True:
-        try:
-            book = await read_book(bootstrap, app_id)
-        except Exception as exc:  # Kafka not reachable yet
-            if config is not None:
-                return ConfigBook()
-            reason = f"Kafka at {bootstrap} does not answer ({type(exc).__name__})"
-        else:
-            if len(book) or config is not None:
-                return book
-            reason = f"no configuration version was applied on {app_id}.configs yet"
-        if not said:
-            print(f"console: waiting: {reason}; or give --config FILE", file=sys.stderr, flush=True)
-            said = True
-        await asyncio.sleep(WAIT_S)
-
-
 async def serve(args: argparse.Namespace, config: RouterConfig | None, token: str | None) -> None:
+    """Listen at once; the tail reads the configuration versions and the log in the background (LogTail)."""
     env = env_or_exit()
-    book = await first_book(env.bootstrap, env.app_id, config)
     directory = args.snapshot_dir or env.data_dir / "console"
     snapshot = Snapshot(snapshot_path(directory, env.app_id), f"{env.app_id}.conversations")
-    model = LiveConsole(env.bootstrap, env.app_id, book, snapshot, config=config, retry_base_ms=env.retry_base_ms)
+    # the tail reads the applied versions before the log (the file is only for a log without any)
+    model = LiveConsole(
+        env.bootstrap, env.app_id, ConfigBook(), snapshot, config=config, retry_base_ms=env.retry_base_ms
+    )
     tail = LogTail(env.bootstrap, env.app_id, model)
     sources = Sources(tail, env.bootstrap, env.app_id, args.worker_url)
     app = create_app(model, sources, token=token)
@@ -140,6 +123,7 @@ async def serve(args: argparse.Namespace, config: RouterConfig | None, token: st
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
     tail.start()
+    await sources.refresh()  # starts measuring the workers' lag in the background
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -35,8 +35,10 @@ from handlers.demo.run import (
     main_outcome,
 )
 from handlers.kafka.security import brokers_answer
+from handlers.privacy.kek import KEK_VAR, load_keks, new_kek_value
+from handlers.privacy.reader_keys import KeysFollower
 from handlers.processes import ChildFailed, Supervisor
-from projections.logs.audit import describe_outcome
+from projections.logs.timeline import describe_outcome
 from schemas.config import ConfigError, parse_config, read_env
 from streams.kafka.local import KafkaLaunchError, ensure_jars, port_in_use
 
@@ -97,8 +99,22 @@ def _prepare_config(work: Path, sandbox_url: str) -> tuple[Path, Path, dict[str,
         "CHATWOOT_AGENT_BOT_TOKENS": json.dumps({a: bot["access_token"] for a, bot in bots.items()}),
         "CHATWOOT_AGENT_BOT_SECRETS": json.dumps({a: bot["secret"] for a, bot in bots.items()}),
         "TYPESAFE_API_KEY": scenario["systemone"]["api_key"],
+        # the demo makes its own key-encryption key, kept with its data so a second run opens what the first sealed
+        KEK_FILE_VAR: str(_demo_kek(work)),
     }
     return config_path, scenario_path, secrets
+
+
+KEK_FILE_VAR = f"{KEK_VAR}_FILE"
+
+
+def _demo_kek(work: Path) -> Path:
+    """The demo's key-encryption key file (made once, readable by its owner only)."""
+    path = work / "key-encryption-key"
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(new_kek_value())
+    return path
 
 
 def _say(text: str) -> None:
@@ -180,6 +196,7 @@ def _start_everything(args: argparse.Namespace, work: Path, supervisor: Supervis
         "sandbox_url": sandbox_url,
         "ingress_url": ingress_url,
         "worker_url": worker_url,
+        "keks": load_keks({KEK_FILE_VAR: secrets[KEK_FILE_VAR]}),
     }
 
 
@@ -194,7 +211,10 @@ async def _play(args: argparse.Namespace, started: dict[str, Any], supervisor: S
         if unknown:
             raise DemoError(f"no such demo conversation: {', '.join(sorted(unknown))}")
         scripts = [s for s in scripts if s["id"] in args.only]
-    watcher = LogWatcher(started["bootstrap"], f"{started['app_id']}.conversations", started["config"], RETRY_BASE_MS)
+    keys = KeysFollower(started["bootstrap"], started["app_id"], started["keks"])
+    watcher = LogWatcher(
+        started["bootstrap"], f"{started['app_id']}.conversations", started["config"], RETRY_BASE_MS, keys
+    )
     await watcher.start()
     player = DemoPlayer(started["sandbox_url"], watcher)
     try:

@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import escape
 
 from handlers.console.status import ConsoleStatus, TailStatus
 from projections.console.layout import format_time, hours_chart, layout_timeline, step_rows
-from projections.console.model import ConversationTimeline, Overview, merge_stuck
-from projections.logs.audit import describe_outcome
+from projections.console.model import Overview, merge_stuck
+from projections.logs.timeline import Timeline, describe_outcome
 from schemas.records import TurnOutcome
 
 LIVE_EVERY_MS = 2000
@@ -86,14 +87,16 @@ def overview_fragments(overview: Overview, status: ConsoleStatus) -> dict[str, s
 
 def conversation_context(
     key: str,
-    timeline: ConversationTimeline | None,
+    timeline: Timeline | None,
     *,
     status: ConsoleStatus | None = None,
     standalone: bool = False,
+    reading: bool = False,
 ) -> dict[str, Any]:
     return {
         "key": key,
         "t": timeline,
+        "reading": reading,
         "layout": layout_timeline(timeline) if timeline is not None else None,
         "rows": step_rows(timeline) if timeline is not None else [],
         "status": status,
@@ -104,19 +107,21 @@ def conversation_context(
 
 def render_conversation(
     key: str,
-    timeline: ConversationTimeline | None,
+    timeline: Timeline | None,
     *,
     status: ConsoleStatus | None = None,
     standalone: bool = False,
+    reading: bool = False,
 ) -> str:
-    """The conversation page; `standalone` = the self-contained file `audit --html` writes (no server links)."""
-    context = conversation_context(key, timeline, status=status, standalone=standalone)
+    """The conversation page; `standalone` = the self-contained file `audit --html` writes (no server links);
+    `reading` = its records are still being read from the log."""
+    context = conversation_context(key, timeline, status=status, standalone=standalone, reading=reading)
     if not standalone:
         context.update(live_url=f"/api/conversations/{key}", live_every_ms=LIVE_EVERY_MS)
     return ENV.get_template("conversation.html").render(context)
 
 
-def conversation_fragments(key: str, timeline: ConversationTimeline | None, *, status: ConsoleStatus) -> dict[str, str]:
+def conversation_fragments(key: str, timeline: Timeline | None, *, status: ConsoleStatus) -> dict[str, str]:
     context = conversation_context(key, timeline, status=status)
     module: Any = ENV.get_template("fragments.html").make_module(context)
     fragments = {"live": str(module.live(status))}
@@ -129,6 +134,11 @@ def conversation_fragments(key: str, timeline: ConversationTimeline | None, *, s
             events=str(module.events(context["rows"])),
         )
     return fragments
+
+
+def reading_fragment(key: str) -> str:
+    """The live line of a conversation whose records are still being read from the log."""
+    return f"reading {escape(key)}'s records from the log …"
 
 
 def render_login(*, failed: bool = False) -> str:

@@ -8,10 +8,17 @@ with a token, `GET|POST /login`. Nothing here writes to Kafka or to Chatwoot.
 With a token every route but `/login` needs `Authorization: Bearer <token>`, or the session cookie that `/login`
 sets after the token was typed into its form (an HMAC of the token, not the token). Every answer carries a
 Content-Security-Policy that allows only this origin's script, so the pages can load nothing from elsewhere.
+
+The JSON APIs answer at once, whatever the length of the history and whether workers run: they say what the
+console has folded so far and, until it has read the log to its end, that it is catching up (`catching_up`,
+`progress`: what it is doing, records folded, records to go). A conversation's timeline that is still being read
+from the log is answered with 202 and "reading" after `API_WAIT_S` (the page itself waits up to `PAGE_WAIT_S`);
+the page's poll gets it when it is read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import inspect
@@ -27,6 +34,7 @@ from handlers.console.live import LiveConsole
 from handlers.console.render import (
     conversation_fragments,
     overview_fragments,
+    reading_fragment,
     render_conversation,
     render_login,
     render_message,
@@ -43,6 +51,8 @@ CSP = (
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 ReadModel = ConsoleModel | LiveConsole
+API_WAIT_S = 0.5  # how long a JSON answer waits for a conversation's timeline to be read before it says "reading"
+PAGE_WAIT_S = 30.0  # how long a conversation's page waits for it before it says the console is still reading
 MODEL: web.AppKey[ReadModel] = web.AppKey("model", object)  # type: ignore[arg-type]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -90,6 +100,8 @@ def create_app(
         return web.json_response(
             {
                 "version": [model.version, status.tail.records, _status_stamp(status)],
+                "catching_up": status.tail.catching_up,
+                "progress": status.tail.progress(),
                 "data": overview_data(data, status.lag),
                 "fragments": overview_fragments(data, status),
             }
@@ -108,7 +120,10 @@ def create_app(
         if key is None:
             return page(render_message("Not a conversation", "Give account:conversation, e.g. 1:42."), 400)
         status = await sources.refresh()
-        timeline = await _timeline(model, key)
+        try:
+            timeline = await asyncio.wait_for(_timeline(model, key), PAGE_WAIT_S)
+        except TimeoutError:  # its records are still being read (or the log is not there yet): say so
+            return page(render_conversation(key, None, status=status, reading=True), 202)
         html = render_conversation(key, timeline, status=status)
         return page(html, 200 if timeline is not None else 404)
 
@@ -117,10 +132,26 @@ def create_app(
         if key is None:
             return web.json_response({"error": "not a conversation key"}, status=400)
         status = await sources.refresh()
-        timeline = await _timeline(model, key)
+        try:
+            timeline = await asyncio.wait_for(_timeline(model, key), API_WAIT_S)
+        except TimeoutError:  # still being read from the log: say so now, the next poll has it
+            return web.json_response(
+                {
+                    "version": [-1, status.tail.records, _status_stamp(status)],
+                    "reading": True,
+                    "catching_up": status.tail.catching_up,
+                    "progress": status.tail.progress(),
+                    "calls": 0,
+                    "fragments": {"live": reading_fragment(key)},
+                },
+                status=202,
+            )
         return web.json_response(
             {
                 "version": [timeline.events if timeline else 0, status.tail.records, _status_stamp(status)],
+                "reading": False,
+                "catching_up": status.tail.catching_up,
+                "progress": status.tail.progress(),
                 "calls": len(timeline.calls) if timeline else 0,
                 "fragments": conversation_fragments(key, timeline, status=status),
             },

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,6 +130,12 @@ class Snapshot:
             {int(p): o for p, o in meta["positions"].items()},
             {int(p): v for p, v in meta["versions"].items()},
         )
+
+    def folded_so_far(self) -> tuple[int, Counter[str]]:
+        """The conversations whose summaries are committed, and their endings by result (what a first build has
+        folded so far: its processes commit as they go)."""
+        rows = self.db.execute("SELECT ending, COUNT(*) FROM summaries GROUP BY ending").fetchall()
+        return sum(n for _, n in rows), Counter({ending: n for ending, n in rows if ending is not None})
 
     def reset(self) -> None:
         """Forget everything (the snapshot does not fit the topic): the console folds the log again."""

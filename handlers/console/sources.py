@@ -1,13 +1,17 @@
 """The console's I/O: it tails the event log into the read model and asks Kafka and the workers for the rest.
 
-- `LogTail` keeps one consumer on every partition of `<app>.conversations`, from where the console's snapshot
-  ends (`LiveConsole`) or from the beginning, never joining a group or committing (it must not disturb the
-  workers), and feeds each record to the read model in offset order, committing the snapshot as it goes. Before a
-  `ConfigApplied` marker whose version the model does not know, it reads `<app>.configs` again. It waits for the
-  topic when it does not exist yet, reconnects from where it was after an error, and says when the log lost
-  records from its head (the history is partial).
-- `Sources.refresh` measures the workers' consumer-group lag (end offsets minus committed offsets) and reads each
-  worker's `GET /stuck`, at most every `ttl_s` however many browsers poll.
+- `LogTail` first reads the applied configuration versions (`<app>.configs`; it waits for one, or for Kafka, when
+  there is none and no configuration file), then keeps one consumer on every partition of
+  `<app>.conversations`, from where the console's snapshot ends (`LiveConsole`) or from the beginning, never
+  joining a group or committing (it must not disturb the workers), and feeds each record to the read model in
+  offset order, committing the snapshot as it goes. Before a `ConfigApplied` marker whose version the model does
+  not know, it reads `<app>.configs` again. It waits for the topic when it does not exist yet, reconnects from
+  where it was after an error, and says when the log lost records from its head (the history is partial). All of
+  it runs in the background of the web server, which answers from the first moment: `status` says what the tail
+  is doing until it has caught up (`TailStatus.step`, `records`, `behind`).
+- `Sources.refresh` gives the status at once and, at most every `ttl_s` however many browsers poll, measures the
+  workers' consumer-group lag (end offsets minus committed offsets) and reads each worker's `GET /stuck` in the
+  background, so no page waits for Kafka or for a worker.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Sequence
 
@@ -30,11 +35,13 @@ from handlers.kafka.security import client_options
 from handlers.logs.reader import FETCH_BYTES, plan
 from projections.console.model import ConsoleModel
 from projections.logs.scan import iso
+from schemas.configs import ConfigBook
 
 log = logging.getLogger("chatwoot_router.console")
 
 RETRY_S = 2.0
 END_OFFSETS_EVERY_S = 1.0
+WAIT_S = 2.0  # between two reads of `<app>.configs` while there is no configuration version yet
 
 
 class LogTail:
@@ -64,6 +71,8 @@ class LogTail:
             self.model.checkpoint(force=True)
 
     async def _run(self) -> None:
+        if isinstance(self.model, LiveConsole) and not self.model.opened:
+            self.model.open(await self._first_book())
         while True:
             try:
                 await self._tail()
@@ -76,7 +85,33 @@ class LogTail:
                 log.warning("log tail failed", extra={"error_type": type(exc).__name__})
             await asyncio.sleep(RETRY_S)
 
+    async def _first_book(self) -> ConfigBook:
+        """The applied configuration versions. Without a configuration file it waits until there is one (a
+        console folds only under versions the workers applied); the status says what it waits for meanwhile."""
+        assert isinstance(self.model, LiveConsole)
+        fallback = self.model.config is not None  # the file folds a log without versions (or Kafka not there yet)
+        said = False
+        while True:
+            self.status.step = "reading the configuration versions"
+            try:
+                book = await read_book(self.bootstrap, self.app_id)
+            except Exception as exc:  # Kafka not reachable yet
+                if fallback:
+                    return ConfigBook()
+                reason = f"Kafka at {self.bootstrap} does not answer ({type(exc).__name__})"
+            else:
+                if len(book) or fallback:
+                    self.status.error = None
+                    return book
+                reason = f"no configuration version was applied on {self.app_id}.configs yet"
+            self.status.error = f"waiting: {reason}"
+            if not said:
+                print(f"console: waiting: {reason}; or give --config FILE", file=sys.stderr, flush=True)
+                said = True
+            await asyncio.sleep(WAIT_S)
+
     async def _tail(self) -> None:
+        self.status.step = "reading the log's partitions"
         planned = await plan(self.bootstrap, self.topic)
         history = planned.history
         self.status.partial = history.describe() if history.is_partial else None
@@ -86,7 +121,9 @@ class LogTail:
             self.model.restore({p: h.log_start for p, h in heads.items()}, {p: h.end for p, h in heads.items()})
             if not self.model.restored and planned.records > SMALL_READ:  # a first start on a long log
                 self.status.behind = planned.records
+                self.status.step = "counting the conversations of the workers' live table"
                 await self.model.seed()  # the live states' conversation count while the history is folded
+                self.status.step = "folding the history, one partition per process (first start)"
                 await self.model.build({s.partition: s.size for s in planned.spans}, self._built)
             self.status.records = self.model.records
             self._restored = True
@@ -108,6 +145,7 @@ class LogTail:
                 else:
                     await consumer.seek_to_beginning(tp)
             self.status.error = None
+            self.status.step = "reading the log"
             checked = 0.0
             while True:
                 batches = await consumer.getmany(timeout_ms=500, max_records=2000)
@@ -166,7 +204,7 @@ class Sources:
         self._lag_error: str | None = None
         self._workers: list[WorkerStuck] = [WorkerStuck(url) for url in self.worker_urls]
         self._refreshed = -1e9
-        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self._consumer: AIOKafkaConsumer | None = None
 
@@ -176,13 +214,24 @@ class Sources:
         )
 
     async def refresh(self) -> ConsoleStatus:
-        async with self._lock:
-            if time.monotonic() - self._refreshed >= self.ttl_s:
-                await asyncio.gather(self._measure_lag(), self._read_workers())
-                self._refreshed = time.monotonic()
+        """The status as known now; when it is older than `ttl_s`, a refresh starts in the background (the next
+        answer has it), so a page never waits for Kafka or for a worker that does not answer."""
+        if self._task is None and time.monotonic() - self._refreshed >= self.ttl_s:
+            self._task = asyncio.create_task(self._refresh(), name="console-sources")
         return self.status()
 
+    async def _refresh(self) -> None:
+        try:
+            await asyncio.gather(self._measure_lag(), self._read_workers())
+        finally:
+            self._refreshed = time.monotonic()
+            self._task = None
+
     async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
         await self._drop_kafka()
         await self.http.aclose()
 

@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from handlers.kafka.security import client_options
 from handlers.kafka.topic_io import topic_partitions
+from handlers.privacy.reader_keys import KeysFollower
 from projections.logs.audit import ConversationTrail, LogReplay
 from schemas.config import RouterConfig
 from schemas.keys import conversation_key
@@ -40,9 +41,14 @@ def load_bundled(name: str) -> Any:
 class LogWatcher:
     """Replays `<app>.conversations` from the start, continuously, into one audit trail per conversation."""
 
-    def __init__(self, bootstrap: str, topic: str, config: RouterConfig, retry_base_ms: int) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, config: RouterConfig, retry_base_ms: int, keys: KeysFollower | None = None
+    ) -> None:
         self.topic = topic
-        self.replay = LogReplay(config, retry_base_ms=retry_base_ms)
+        self.keys = keys  # the demo's own key-encryption key opens what the worker sealed (issue 32)
+        self.replay = LogReplay(
+            config, retry_base_ms=retry_base_ms, opener=keys.keys.open_decide if keys is not None else None
+        )
         self.positions: dict[int, int] = {}
         self._bootstrap = bootstrap
         self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **client_options())
@@ -62,10 +68,14 @@ class LogWatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self._consumer.stop()
+        if self.keys is not None:
+            await self.keys.close()
 
     async def _run(self) -> None:
         while True:
             batches = await self._consumer.getmany(timeout_ms=200)
+            if batches and self.keys is not None:
+                await self.keys.refresh()  # every data key written before these records were
             for tp, records in batches.items():
                 for record in records:
                     self.replay.feed(record.value, record.offset)

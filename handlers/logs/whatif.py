@@ -180,7 +180,7 @@ async def ask(
         cache.put(question.digest, answer)
         result.answers[question.digest] = answer
 
-    await asyncio.gather(*(one(q) for q in {q.digest: q for q in questions}.values()))
+    await asyncio.gather(*(one(q) for q in {q.digest: q for q in questions if q.askable}.values()))
     return result
 
 

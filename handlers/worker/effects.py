@@ -33,6 +33,10 @@ from handlers.clients.chatwoot import (
 )
 from handlers.clients.http_client import new_http_client
 from handlers.clients.systemone import JevHTTPError, JevTimeout, SystemOneClient
+from handlers.privacy.envelope import CannotOpen
+from handlers.privacy.kek import UnknownKek
+from handlers.privacy.keyring import Forgotten, KeyRing
+from handlers.privacy.sealing import open_input, seal_conversation, seal_turn
 from projections.jev import JevError, build_request
 from projections.jobs import command_deadline
 from projections.redaction import email_domain
@@ -103,6 +107,11 @@ class _MalformedPage(Exception):
         self.status = status
 
 
+def _contact_id(read: Conversation) -> int | None:
+    """The conversation's contact, an id only: what `forget --contact` finds its conversations by."""
+    return read.meta.sender.id if read.meta.sender is not None else None
+
+
 def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -159,6 +168,12 @@ def classify(exc: Exception) -> EffectError:
         )
     if isinstance(exc, _BadCommand):
         return EffectError(kind="failed", reason=str(exc))
+    if isinstance(exc, Forgotten):  # erased by `forget`: for the router the conversation is gone (issue 32)
+        return EffectError(kind="missing", reason="forgotten")
+    if isinstance(exc, UnknownKek):
+        return EffectError(kind="failed", reason=f"data key wrapped by key-encryption key {exc.kek_id}, not given")
+    if isinstance(exc, CannotOpen):
+        return EffectError(kind="failed", reason="a sealed field does not open under its conversation's key")
     # Anything else is a bug here; its text might quote data, so only its type is reported.
     return EffectError(kind="failed", reason=f"internal error: {type(exc).__name__}")
 
@@ -178,11 +193,13 @@ class EffectExecutor:
         chatwoot: ChatwootClient | None = None,
         systemone: SystemOneClient | None = None,
         http: httpx.AsyncClient | None = None,
+        keyring: KeyRing,
         now_ms: Callable[[], int] = _wall_clock_ms,
         timeout_s: float = TIMEOUT_S,
         decide_memo_size: int = DECIDE_MEMO_SIZE,
     ) -> None:
         self._config = settings.config
+        self._keyring = keyring
         self._now_ms = now_ms
         self._owned_http: httpx.AsyncClient | None = None
         if http is None and (chatwoot is None or systemone is None):
@@ -402,7 +419,7 @@ class EffectExecutor:
         if isinstance(p, Decide):
             if not config.is_routed(account):
                 raise _BadCommand(f"account {account} is not routed")
-            body = build_request(config, account, p.text)
+            body = build_request(config, account, open_input(p, self._keyring.known(command.key)))
             jev.requests += 1  # SystemOneClient.post counts first thing, so every decide call is one request
             decision = await self._systemone.decide(body, config.routing.min_confidence)
             return DecideResult(decision=decision)
@@ -413,9 +430,10 @@ class EffectExecutor:
         account, conversation = _conversation_of(command)
         if isinstance(p, GetConversation):
             read = await chatwoot.get_conversation(account, conversation)
-            return ConversationResult(conversation=conversation_view(read))
+            key = await self._keyring.key_for(command.key, _contact_id(read))
+            return ConversationResult(conversation=seal_conversation(conversation_view(read), key))
         if isinstance(p, ReadTurn):
-            return await self._read_turn(chatwoot, account, conversation)
+            return await self._read_turn(chatwoot, command.key, account, conversation)
         if isinstance(p, ScanReplyHistory):
             scan = ReplyHistoryScan(p.bot_id)
             while (request := scan.next_request()) is not None:
@@ -444,8 +462,9 @@ class EffectExecutor:
             return CreateMessageResult(message=view)
         raise _BadCommand(f"unsupported op {command.op}")
 
-    async def _read_turn(self, chatwoot: ChatwootClient, account: int, conversation: int) -> OutcomeResult:
-        """§6.1: the contact's identities come from a conversation read and never leave this function."""
+    async def _read_turn(self, chatwoot: ChatwootClient, key: str, account: int, conversation: int) -> OutcomeResult:
+        """§6.1: the contact's identities come from a conversation read and never leave this function; the texts
+        leave it sealed under the conversation's data key (issue 32)."""
         read = await chatwoot.get_conversation(account, conversation)
         contact = read.meta.sender
         name = contact.name if contact is not None else None
@@ -453,7 +472,10 @@ class EffectExecutor:
         pager = TurnPager()
         while (request := pager.next_request()) is not None:
             pager.feed(_views(await _page(chatwoot, account, conversation, request.before), name, email))
-        return pager.result()
+        turn = pager.result()
+        if not any(m.text is not None for m in turn.messages):
+            return turn
+        return seal_turn(turn, await self._keyring.key_for(key, _contact_id(read)))
 
 
 class _OverBudget(RuntimeError):

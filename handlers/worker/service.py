@@ -45,6 +45,7 @@ from typing import Any, NoReturn, cast
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
+from handlers.privacy.keyring import TableKeyRing
 from handlers.worker.barrier import BarrierBroken
 from handlers.worker.catch_up import CatchUp
 from handlers.worker.chatwoot_gate import ChatwootGate
@@ -69,7 +70,7 @@ from schemas.codec import (
     encode,
 )
 from schemas.configs import ConfigBook, ConfigDocument
-from schemas.keys import SWEEP_STATUSES, is_conversation_key, partition_slot
+from schemas.keys import SWEEP_STATUSES, conversation_key_of, is_conversation_key, partition_slot
 from schemas.records import (
     CONVERSATION_READS,
     MAX_CHAINED_OUTCOMES,
@@ -79,6 +80,8 @@ from schemas.records import (
     EffectCommand,
     EffectError,
     EffectOutcome,
+    ForgetRequested,
+    Forgotten,
     Record,
     SweepRequested,
     TimerFired,
@@ -147,6 +150,7 @@ class WorkerService:
         stop: Callable[[str], NoReturn] = fail_stop,
         source_topics: Collection[str] | None = None,
         gate: ChatwootGate | None = None,
+        keyring: TableKeyRing | None = None,
     ) -> None:
         self.tables = tables
         self.sink = sink
@@ -163,6 +167,7 @@ class WorkerService:
         self.stop = stop
         # nothing is run against a Chatwoot too old for the router, or whose version is unknown (issue 30)
         self.gate = gate or ChatwootGate.always_open()
+        self.keyring = keyring  # the data keys (issue 32): `forget` replaces one with the erasure fence
         # the topics whose offsets the service owns (None: every committed topic is one)
         self.source_topics = frozenset(source_topics) if source_topics is not None else None
         # tells this process's commands from those of a dead or departed one
@@ -318,6 +323,14 @@ class WorkerService:
                 extra={"topic": key[0], "partition": key[1], "offset": offset, "expected": expected},
             )
 
+    async def keys_durable(self) -> None:
+        """Wait until a new data key (issue 32) is acknowledged, with everything written before it; a broken
+        barrier stops the worker, so nothing sealed under a key that may be lost ever leaves it."""
+        try:
+            await self.sink.flush()
+        except BarrierBroken as exc:
+            self.stop(f"the commit barrier broke: {exc}")
+
     def check_fence(self, what: str) -> None:
         """Stop before `what` when the worker may have lost its partitions (handlers/worker/fencing.py)."""
         if self.fence.in_doubt():
@@ -457,6 +470,45 @@ class WorkerService:
         )
         for outcome in step.outcomes:
             report_turn(self.metrics, outcome)
+        if isinstance(event, ForgetRequested) and not getattr(step.state, "forgotten_ms", None):
+            await self.erase(event)
+        elif (
+            source == "conversations"
+            and self.keyring is not None
+            and any(o.reason in ("conversation_deleted", "conversation_missing") for o in step.outcomes)
+        ):
+            # Chatwoot says the conversation no longer exists (§10.3; a contact deleted with its conversations
+            # sends no webhook): nothing of it is kept readable (issue 32, automatic erasure)
+            parsed = conversation_key_of(key)
+            await self.erase(
+                ForgetRequested(
+                    at_ms=self.now_ms(),
+                    account_id=parsed.account_id,
+                    conversation_id=parsed.conversation_id,
+                    reason="conversation_missing",
+                    request_id=f"auto:{key}:{record.offset}",
+                )
+            )
+
+    async def erase(self, request: ForgetRequested) -> None:
+        """Issue 32: destroy the conversation's data key (the erasure fence replaces it on `<app>.keys`), drop
+        what still runs for it, and write `Forgotten`; both durable before the request's offset is committed. A
+        redelivered request does it again (the fence is idempotent; the fold keeps the first `Forgotten`)."""
+        if self.keyring is None:
+            raise RuntimeError("this worker has no key ring: it cannot erase")
+        key = request.key
+        self.keyring.erase(key, self.now_ms(), request.reason)
+        dropped = await self.lanes.cancel(lambda lane: lane == key)
+        forgotten = Forgotten(
+            at_ms=self.now_ms(),
+            account_id=request.account_id,
+            conversation_id=request.conversation_id,
+            reason=request.reason,
+            request_id=request.request_id,
+        )
+        await self.send("conversations", key, forgotten)
+        await self.commit_cache()  # the fence and the proof acknowledged, or the worker stops
+        log.info("conversation forgotten", extra={"key": key, "request_id": request.request_id, "dropped": dropped})
 
     def unchained(self, key: str, step: Step) -> list[EffectCommand]:
         """The step's commands less the chained read this process already runs for that very copy."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from projections.console.model import Call, ConversationTimeline, Mark, TimerSpan
+from projections.console.model import Mark, TimerSpan, marks_of, timer_spans_of
+from projections.logs.timeline import Call, Timeline
 
 WIDTH = 1100
 LEFT = 150  # the lane titles' gutter
@@ -252,10 +253,11 @@ class _PlacedBar:
     anchor: str
 
 
-def layout_timeline(timeline: ConversationTimeline) -> TimelineLayout:
+def layout_timeline(timeline: Timeline) -> TimelineLayout:
     """Place every mark, call and timer of `timeline` on its lane."""
-    spans = timeline.timer_spans()
-    times = [m.at_ms for m in timeline.marks]
+    spans = timer_spans_of(timeline)
+    marks = marks_of(timeline)
+    times = [m.at_ms for m in marks]
     for call in timeline.calls:
         times.append(call.issued_ms)
         if call.ended_ms is not None:
@@ -285,7 +287,7 @@ def layout_timeline(timeline: ConversationTimeline) -> TimelineLayout:
         label_x, anchor = (x0 + w + 4, "start") if right else (x0 - 4, "end")
         placed[lane].append(_PlacedBar(row, x0, w, thing, label, label_x, anchor))
 
-    for mark in sorted(timeline.marks, key=lambda m: m.at_ms):
+    for mark in sorted(marks, key=lambda m: m.at_ms):
         x = scale.x(mark.at_ms)
         lw = _label_width(mark.label)
         right = x + 9 + lw <= width - RIGHT  # the label goes right of the dot, else left of it
@@ -426,12 +428,12 @@ class StepRow:
     detail: str
 
 
-def step_rows(timeline: ConversationTimeline) -> list[StepRow]:
+def step_rows(timeline: Timeline) -> list[StepRow]:
     """Every mark and call in time order (a call at the time it was issued), for the table under the timeline."""
     origin = timeline.first_ms or 0
     items: list[tuple[int, int, str, str, str]] = []
     titles = dict(LANES)
-    for mark in timeline.marks:
+    for mark in marks_of(timeline):
         items.append((mark.at_ms, mark.seq, titles[mark.lane], mark.label, mark.detail))
     for call in timeline.calls:
         retry = f" (attempt {call.attempt})" if call.attempt > 1 else ""
@@ -439,7 +441,7 @@ def step_rows(timeline: ConversationTimeline) -> list[StepRow]:
         detail = ", ".join(p for p in (call.detail, f"{call.summary}{took}") if p)
         lane = titles["systemone" if call.target == "System One" else "chatwoot"]
         items.append((call.issued_ms, call.seq, lane, f"{call.op}{retry}", detail))
-    for span in timeline.timer_spans():
+    for span in timer_spans_of(timeline):
         items.append((span.start_ms, 10**9, titles["timers"], span.label, f"due {format_time(span.end_ms)}"))
     items.sort(key=lambda item: (item[0], item[1]))
     return [StepRow(at, format_duration(at - origin), lane, what, detail) for at, _, lane, what, detail in items]

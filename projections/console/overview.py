@@ -17,14 +17,13 @@ from typing import Any, Protocol
 from projections.fold import DEFAULT_RETRY_BASE_MS, fold_parts
 from projections.guard import STUCK_AFTER_FAILURES
 from projections.logs.scan import conversation_scan
+from projections.logs.timeline import QUIET_RESULTS
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.records import EffectOutcome, TurnOutcome
 from schemas.state import ConversationState
 
 HOUR_MS = 3_600_000
-# results that only confirm, postpone or retry a turn; the others end it
-QUIET_RESULTS = ("nothing", "deferred", "retry")
 RECENT = 50
 
 

@@ -3,33 +3,31 @@
 Replaying never executes effects: it re-derives the state, the commands the router issued and the outcome of
 each turn from the recorded events alone, so the trail of a conversation is exactly what the live worker did.
 The demo report and `chatwoot-router audit` both read trails; `audit --verify` compares replayed states with the
-live table.
+live table. A trail is `audit`'s view of the conversation's `Timeline` (projections/logs/timeline.py), the model
+the console draws its page from: the text says the same entries as lines.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from projections.fold import DEFAULT_RETRY_BASE_MS, Event, SingleEvent, fold_parts
-from projections.logs.scan import conversation_scan
-from projections.logs.versions import PartitionVersions
+from projections.fold import DEFAULT_RETRY_BASE_MS, Event
+from projections.logs.timeline import (
+    Answered,
+    Arrived,
+    Entry,
+    Issued,
+    Opener,
+    Timeline,
+    TimelineReader,
+    TurnEnded,
+    VersionInForce,
+    describe_outcome,
+)
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook
 from schemas.decision import Decision
-from schemas.records import (
-    Assign,
-    CreateMessage,
-    Decide,
-    DecideResult,
-    EffectCommand,
-    EffectOutcome,
-    SetLabels,
-    SweepFound,
-    TimerFired,
-    ToggleStatus,
-    TurnOutcome,
-    WebhookReceived,
-)
+from schemas.records import ForgetRequested, Forgotten, SweepFound, TimerFired, TurnOutcome, WebhookReceived
 from schemas.state import ConversationState
 
 
@@ -44,18 +42,14 @@ class TrailEntry:
 
 @dataclass
 class ConversationTrail:
-    """Everything an auditor wants to know about one conversation, rebuilt from its events."""
+    """Everything an auditor wants to know about one conversation, rebuilt from its events: `audit`'s view of its
+    `Timeline` (projections/logs/timeline.py), which the console's page of it is drawn from too."""
 
     key: str
-    state: ConversationState = field(default_factory=ConversationState)
-    entries: list[TrailEntry] = field(default_factory=list)
-    outcomes: list[TurnOutcome] = field(default_factory=list)
-    inputs: list[str] = field(default_factory=list)
-    decisions: list[Decision] = field(default_factory=list)
-    labels: tuple[str, ...] | None = None
-    replies_sent: int = 0
-    events: int = 0
-    config_version: str | None = None
+    timeline: Timeline = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.timeline = Timeline(key=self.key)
 
     def apply(
         self,
@@ -68,73 +62,82 @@ class ConversationTrail:
     ) -> list[TurnOutcome]:
         """Fold one record's event into the trail under configuration `config_version`, each part of it
         (`fold_parts`) as its own step; returns its turn outcomes."""
-        if offset <= self.state.offset:
-            return []
-        if config_version is not None and config_version != self.config_version:
-            what = "configuration" if self.config_version is None else "configuration changed"
-            self.entries.append(TrailEntry(event.at_ms, what, f"version {config_version} in force"))
-            self.config_version = config_version
-        outcomes: list[TurnOutcome] = []
-        parts = fold_parts(
-            self.state, event, offset, config, retry_base_ms=retry_base_ms, config_version=config_version
-        )
-        for part, result in parts:
-            self.events += 1
-            self._describe_event(part)
-            self.state = result.state
-            for command in result.commands:
-                self._describe_command(command)
-            for outcome in result.outcomes:
-                self.outcomes.append(outcome)
-                self.entries.append(TrailEntry(outcome.at_ms, "turn ended", describe_outcome(outcome)))
-            outcomes += result.outcomes
-        return outcomes
+        return self.timeline.apply(event, offset, config, retry_base_ms=retry_base_ms, config_version=config_version)
 
-    def _describe_event(self, event: SingleEvent) -> None:
-        if isinstance(event, WebhookReceived):
-            detail = event.event
-            if event.transition is not None:
-                detail += f" (status → {event.transition.status})"
-            self.entries.append(TrailEntry(event.at_ms, "webhook", detail))
-        elif isinstance(event, SweepFound):
-            self.entries.append(TrailEntry(event.at_ms, "sweep found", f"{event.status} pass"))
-        elif isinstance(event, TimerFired):
-            self.entries.append(TrailEntry(event.at_ms, "timer", "due"))
-        else:
-            self._describe_effect_outcome(event)
+    @property
+    def state(self) -> ConversationState:
+        return self.timeline.state
 
-    def _describe_effect_outcome(self, event: EffectOutcome) -> None:
-        if event.error is not None:
-            status = f" HTTP {event.error.status}" if event.error.status is not None else ""
-            self.entries.append(TrailEntry(event.at_ms, f"{event.op} failed", f"{event.error.kind}{status}"))
-            return
-        if isinstance(event.result, DecideResult):
-            d = event.result.decision
-            self.decisions.append(d)
-            self.entries.append(TrailEntry(event.at_ms, "Jev decided", describe_decision(d)))
-        else:
-            self.entries.append(TrailEntry(event.at_ms, f"{event.op} ok", f"{event.requests} request(s)"))
+    @property
+    def outcomes(self) -> list[TurnOutcome]:
+        return self.timeline.outcomes
 
-    def _describe_command(self, command: EffectCommand) -> None:
-        params = command.params
-        detail = ""
-        if isinstance(params, Decide):
-            self.inputs.append(params.text)
-            detail = f"input {params.input_key}"
-        elif isinstance(params, SetLabels):
-            self.labels = params.labels
-            detail = ", ".join(params.labels)
-        elif isinstance(params, ToggleStatus):
-            detail = f"status → {params.status}"
-        elif isinstance(params, Assign):
-            detail = f"user {params.assignee_id}"
-        elif isinstance(params, CreateMessage):
-            self.replies_sent += 1
-            detail = "canned reply"
-        self.entries.append(TrailEntry(command.at_ms, f"→ {params.op}", detail))
+    @property
+    def labels(self) -> tuple[str, ...] | None:
+        return self.timeline.labels
+
+    @property
+    def replies_sent(self) -> int:
+        return self.timeline.replies_sent
+
+    @property
+    def events(self) -> int:
+        return self.timeline.events
+
+    @property
+    def inputs(self) -> list[str]:
+        """The redacted texts sent to System One, in the order they were sent."""
+        return list(self.timeline.inputs.values())
+
+    @property
+    def decisions(self) -> list[Decision]:
+        """System One's answers, in the order they came."""
+        return [e.decision for e in self.timeline.entries if isinstance(e, Answered) and e.decision is not None]
+
+    @property
+    def entries(self) -> list[TrailEntry]:
+        """The timeline as lines: what arrived, each call's answer, each command, each ended turn."""
+        return [line for entry in self.timeline.entries if (line := trail_line(entry)) is not None]
 
 
-class LogReplay:
+def trail_line(entry: Entry) -> TrailEntry | None:
+    """The line `audit` prints for a timeline entry (None: an entry the text leaves to the console's page)."""
+    if isinstance(entry, VersionInForce):
+        what = "configuration" if entry.first else "configuration changed"
+        return TrailEntry(entry.at_ms, what, f"version {entry.version} in force")
+    if isinstance(entry, Arrived):
+        return _arrived(entry.at_ms, entry.event)
+    if isinstance(entry, Answered):
+        call = entry.call
+        if call.result != "ok":
+            status = f" HTTP {call.status}" if call.status is not None else ""
+            return TrailEntry(entry.at_ms, f"{call.op} failed", f"{call.result}{status}")
+        if entry.decision is not None:
+            return TrailEntry(entry.at_ms, "Jev decided", describe_decision(entry.decision))
+        return TrailEntry(entry.at_ms, f"{call.op} ok", f"{call.requests} request(s)")
+    if isinstance(entry, Issued):
+        return TrailEntry(entry.at_ms, f"→ {entry.call.op}", entry.call.detail)
+    if isinstance(entry, TurnEnded):
+        return TrailEntry(entry.outcome.at_ms, "turn ended", describe_outcome(entry.outcome))
+    return None  # a run started, a decision taken: the console's page shows them
+
+
+def _arrived(at_ms: int, event: WebhookReceived | SweepFound | TimerFired | ForgetRequested | Forgotten) -> TrailEntry:
+    if isinstance(event, ForgetRequested):
+        return TrailEntry(at_ms, "forget requested", event.reason)
+    if isinstance(event, Forgotten):
+        return TrailEntry(at_ms, "forgotten", f"{event.reason}; its text and contact data are erased (issue 32)")
+    if isinstance(event, WebhookReceived):
+        detail = event.event
+        if event.transition is not None:
+            detail += f" (status → {event.transition.status})"
+        return TrailEntry(at_ms, "webhook", detail)
+    if isinstance(event, SweepFound):
+        return TrailEntry(at_ms, "sweep found", f"{event.status} pass")
+    return TrailEntry(at_ms, "timer", "due")
+
+
+class LogReplay(TimelineReader):
     """Every conversation's trail, rebuilt from the raw records of `<app>.conversations` in offset order.
 
     With a `book` (the documents of `<app>.configs`), each partition is folded under the version its last
@@ -147,22 +150,11 @@ class LogReplay:
         *,
         retry_base_ms: int = DEFAULT_RETRY_BASE_MS,
         book: ConfigBook | None = None,
+        opener: Opener | None = None,
     ) -> None:
-        self.config = config
-        self.retry_base_ms = retry_base_ms
-        self.book = book if book is not None and len(book) else None
-        if self.config is None and self.book is None:
-            raise ValueError("a replay needs a configuration or the applied configuration versions")
-        self.scan = conversation_scan(self.book or ConfigBook())
+        super().__init__(config, retry_base_ms=retry_base_ms, book=book)
         self.trails: dict[str, ConversationTrail] = {}
-
-    @property
-    def versions(self) -> PartitionVersions:
-        return self.scan.versions
-
-    @property
-    def undecodable(self) -> int:
-        return self.scan.undecodable
+        self.opener = opener  # opens sealed inputs (issue 32) for a reader with the key-encryption key
 
     def feed(self, value: bytes | None, offset: int, partition: int = 0) -> None:
         """Apply one record of `partition` (`LogScan`: a marker switches the partition's configuration, a record
@@ -170,19 +162,11 @@ class LogReplay:
         event = self.scan.event(value, partition)
         if event is None:
             return
-        trail = self.trails.setdefault(event.key, ConversationTrail(key=event.key))
-        document = self.scan.document(partition)
-        if document is None:
-            assert self.config is not None
-            trail.apply(event, offset, self.config, retry_base_ms=self.retry_base_ms)
-        else:
-            trail.apply(
-                event,
-                offset,
-                document.config,
-                retry_base_ms=document.fold.retry_base_ms,
-                config_version=document.version,
-            )
+        trail = self.trails.get(event.key)
+        if trail is None:
+            trail = self.trails[event.key] = ConversationTrail(key=event.key)
+            trail.timeline.opener = self.opener
+        self.fold(trail, event, offset, partition)
 
     def trail(self, key: str) -> ConversationTrail:
         return self.trails.get(key) or ConversationTrail(key=key)
@@ -198,24 +182,13 @@ def describe_decision(d: Decision) -> str:
     return ", ".join(p for p in parts if p)
 
 
-def describe_outcome(o: TurnOutcome) -> str:
-    if o.result == "assigned":
-        return f"assigned to user {o.assignee_id}"
-    if o.result == "ended":
-        return f"ended with status {o.status}"
-    if o.result == "handed_off":
-        return f"handed off ({o.reason})"
-    if o.result == "retry":
-        return f"failed, will retry ({o.reason})"
-    return f"{o.result}" + (f" ({o.reason})" if o.reason else "")
-
-
 def render_text(trail: ConversationTrail) -> str:
     """A plain-text timeline: one line per entry, times in seconds since the first event."""
-    if not trail.entries:
+    entries = trail.entries
+    if not entries:
         return f"conversation {trail.key}: no events\n"
-    start = trail.entries[0].at_ms
+    start = entries[0].at_ms
     lines = [f"conversation {trail.key} ({trail.events} events)"]
-    for entry in trail.entries:
+    for entry in entries:
         lines.append(f"  +{(entry.at_ms - start) / 1000:8.3f}s  {entry.what:<24} {entry.detail}".rstrip())
     return "\n".join(lines) + "\n"

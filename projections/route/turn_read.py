@@ -7,7 +7,7 @@ from projections.guard import (
     ActivityPending,
     apply_turn_read,
 )
-from projections.inputs import build_input, memo_key
+from projections.inputs import decide_command, memo_key, turn_input
 from projections.route.deciding import after_fresh_decision, decided
 from projections.route.ending import ending
 from projections.route.folder import Folder
@@ -16,7 +16,6 @@ from projections.rules import (
 )
 from schemas.records import (
     CreateMessage,
-    Decide,
     EffectOutcome,
     ToggleStatus,
     TurnResult,
@@ -35,7 +34,7 @@ def on_turn(f: Folder, o: EffectOutcome) -> None:
         return
     current = f.r.current
     assert current is not None
-    input_ = build_input(turn.messages, current.email_domain)
+    input_ = turn_input(turn.messages, current)
     public_reply = requires_handoff(turn.messages, f.bot_id)
     if f.r.purpose == "initial":
         f.set_run(first_turn=turn, input_key=input_.key, input_count=input_.count)
@@ -48,7 +47,7 @@ def on_turn(f: Folder, o: EffectOutcome) -> None:
         if memo is not None:
             decided(f, memo.decision)
         else:
-            f.issue(Decide(input_key=input_.key, text=input_.text), "decide")
+            f.issue(decide_command(input_), "decide")
         return
     first = f.r.first_turn
     assert first is not None

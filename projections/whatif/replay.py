@@ -138,6 +138,8 @@ class Question:
     digest: str
     body: dict[str, Any] = field(repr=False, compare=False)
     min_confidence: float = 0.7
+    askable: bool = True
+    """False when the input is sealed and this reader cannot open it (issue 32): never sent to System One."""
 
 
 def question_digest(body: dict[str, Any]) -> str:
@@ -370,9 +372,14 @@ class _Decider:
 
     def __call__(self, params: Decide) -> DecideAnswer:
         account, candidate = self.turn.account_id, self.candidate
-        live_body = build_request(self.turn.live.config, account, params.text)
-        body = build_request(candidate, account, params.text)
-        self.question = question = Question(question_digest(body), body, candidate.routing.min_confidence)
+        text = params.text
+        sealed = text is None  # issue 32: the question's text is sealed; its setup can still be compared
+        live_body = build_request(self.turn.live.config, account, text or "")
+        body = build_request(candidate, account, text or "")
+        digest = question_digest(body) if not sealed else f"sealed:{self.turn.key}:{params.input_key}"
+        self.question = question = Question(digest, body, candidate.routing.min_confidence, askable=not sealed)
+        if sealed and body != live_body:
+            return NeedsDecision(question, ("its input is sealed: not re-decidable without opening it",))
         answer = self.answers.get(question.digest)
         if body == live_body and (self.no_request is None or answer is None):
             decision = self.turn.decision

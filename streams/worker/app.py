@@ -35,10 +35,14 @@ from faust.web import Request, Response, View
 
 from handlers.clients.budget import budget_for
 from handlers.clients.chatwoot import ChatwootClient
+from handlers.kafka.authorization import mark_reported, refusal_reason
 from handlers.kafka.cluster_probe import ClusterProbe
 from handlers.kafka.config_store import read_book
+from handlers.kafka.group_right import GroupRight, probe_topic
 from handlers.kafka.security import auth_reason, faust_credentials
 from handlers.kafka.topics import TABLES
+from handlers.privacy.kek import KeyEncryptionKeys, require_keks
+from handlers.privacy.keyring import TableKeyRing
 from handlers.worker.barrier import Barrier
 from handlers.worker.chatwoot_gate import ChatwootGate
 from handlers.worker.effects import EffectExecutor
@@ -66,6 +70,7 @@ BEAT_S = 1.0  # the fence's beat (handlers/worker/fencing.py), far below the 15 
 BROKER_PROBE_S = 2.0  # how often the broker is probed while it answers
 BROKER_RETRY_PROBE_S = 0.5  # ... and while it does not: /healthz turns 200 within about this of its return
 BROKER_PROBE_TIMEOUT_S = 1.6
+GROUP_RIGHT_PROBE_S = 5.0  # how often a running worker asks whether it may still be a member of its group
 SHUTDOWN_DRAIN_S = 5.0
 REVOKE_DRAIN_S = 5.0
 EXIT_INTERNALS = 2  # a worker whose Faust does not behave as it relies on exits, like one with a bad configuration
@@ -73,6 +78,8 @@ REVOKE_DEADLINE_S = 45.0
 """A revoke (write the cache, drain, cancel) must end well inside the 60 s rebalance timeout, else the worker stops."""
 HEADS_RETRY_S = 1.0  # how often the heads an assignment could not look up are asked for again
 SESSION_TIMEOUT_S = 15.0
+REWRAP_BATCH = 1000  # data keys wrapped again per pass while a retired key-encryption key is configured
+REWRAP_EVERY_S = 60.0
 REBALANCE_TIMEOUT_S = 60.0
 PRODUCER_REQUEST_TIMEOUT_S = 20.0
 """aiokafka's request timeout for the producer (Faust's default is 1200 s): an unacknowledged write fails within
@@ -103,6 +110,7 @@ class WorkerApp:
         now_ms: Callable[[], int] = wall_clock_ms,
         write_cache: bool = WRITE_CACHE,
         declare_topics: bool = True,
+        keks: KeyEncryptionKeys | None = None,
     ) -> None:
         """`declare_topics=False`: Faust creates no topic (its leader topic, changelogs and sources were all made
         before it starts, `handlers.kafka.topics.ensure_app_topics`), so a worker without the Create right starts:
@@ -113,6 +121,7 @@ class WorkerApp:
         own = ConfigDocument.of(settings.config, FoldSettings(retry_base_ms=env.retry_base_ms))
         self.reader = PartitionReader(env.bootstrap, env.app_id)
         self.cluster_probe = ClusterProbe(env.bootstrap)  # its own client: a long partition read never delays it
+        self.group_right = GroupRight(env.bootstrap, env.app_id, probe_topic(env.topic("")))
         self._heads_lookup: asyncio.Future[None] | None = None
         self.tails = TailWatch()
         self.broker_ok = True
@@ -169,9 +178,22 @@ class WorkerApp:
         }
         schema: Any = faust.Schema(key_serializer="raw", value_serializer="json")
         tables = {name: self.app.Table(name, partitions=env.partitions, schema=schema) for name in TABLES}
+        # the data keys' table writes `<app>.keys` itself (issue 32), made ahead with its settings like the others
+        keys_topic = self.app.topic(env.topic("keys"), partitions=env.partitions, **raw)
+        self._keys_table = self.app.Table(
+            "data_keys", partitions=env.partitions, schema=schema, changelog_topic=keys_topic
+        )
         self._state_table = tables[TABLES[0]]
         self._scope_checked = False
         states, sweep_states, timers, effect_attempts, partition_configs = (FaustTable(tables[n]) for n in TABLES)
+        self.keyring = TableKeyRing(
+            FaustTable(self._keys_table),
+            keks if keks is not None else require_keks(),
+            partition_of=lambda key: partition_for(key, env.partitions),
+            scope=FaustPartitionScope(self.topics["conversations"].get_topic_name()),
+            before_write=lambda: self.service.check_fence("a data key"),
+            durable=lambda: self.service.keys_durable(),
+        )
         chatwoot_url = settings.config.chatwoot.base_url
         self._chatwoot_api = settings.config.chatwoot.api_base
         self.version_client = ChatwootClient(chatwoot_url, "", {})  # GET /api needs no token
@@ -184,7 +206,7 @@ class WorkerApp:
         self.service = WorkerService(
             tables=WorkerTables(states, sweep_states, timers, effect_attempts, partition_configs),
             sink=FaustSink(self.app, self.topics, self.barrier),
-            executor=executor if executor is not None else EffectExecutor(settings),
+            executor=executor if executor is not None else EffectExecutor(settings, keyring=self.keyring),
             book=book if book is not None else ConfigBook([own]),
             own_document=own,
             load_book=lambda: read_book(env.bootstrap, env.app_id),
@@ -199,6 +221,7 @@ class WorkerApp:
             fence=self.fence,
             source_topics=self._source_topics(),
             gate=self.gate,
+            keyring=self.keyring,
         )
         set_pre_commit(self.app, self.service.before_offsets_commit)  # streams/worker/transport.py
         set_on_expelled(self.app, self.fence.expelled)  # a refused commit: no more writes, the beat stops the worker
@@ -226,7 +249,9 @@ class WorkerApp:
         app.timer(TICK_S, name="timer_tick")(self.tick)
         app.task(self.leader_sweeps)
         app.task(self.probe_broker_forever)
+        app.task(self.watch_group_right)
         app.task(self.beat_forever)
+        app.task(self.rewrap_forever)
         app.task(self.gate.run)  # handlers/worker/chatwoot_gate.py: Chatwoot's version, at start and every 5 min
 
         worker = self
@@ -274,6 +299,7 @@ class WorkerApp:
             self._heads_lookup.cancel()
         await self.reader.close()
         await self.cluster_probe.close()
+        await self.group_right.close()
         await self.version_client.aclose()
 
     async def _on_revoked(self, sender: Any, revoked: Any, **kwargs: Any) -> None:
@@ -318,6 +344,7 @@ class WorkerApp:
         sources = self._source_topics()
         owned = [(tp.topic, tp.partition) for tp in assigned if tp.topic in sources]
         self.service.forget_states()
+        self.keyring.forget_cached()  # another owner may have made or erased keys meanwhile: the table says
         conversations = [tp for tp in owned if tp[0] == self.env.topic("conversations")]
         try:
             starts = await self.reader.resume_points(owned)
@@ -417,6 +444,20 @@ class WorkerApp:
                 self.fence.disarm()
             await asyncio.sleep(BEAT_S)
 
+    async def rewrap_forever(self) -> None:
+        """While retired key-encryption keys are configured, wrap the data keys of the partitions this worker owns
+        again under the current one, a batch a minute (the rotation: docs/privacy.md); the log says how many."""
+        if not self.keyring.keks.retired:
+            return
+        await self._recovery.completed.wait()
+        while True:
+            owned = self.owned_partitions() if self.ready() else frozenset()
+            if owned:
+                done = await self.keyring.rewrap_retired(owned, REWRAP_BATCH)
+                if done:
+                    log.info("data keys wrapped again under the current key-encryption key", extra={"count": done})
+            await asyncio.sleep(REWRAP_EVERY_S)
+
     async def leader_sweeps(self) -> None:
         """On start and every ROUTER_SWEEP_INTERVAL_S, the leader requests a pass per account and status."""
         await self._recovery.completed.wait()
@@ -468,6 +509,23 @@ class WorkerApp:
             log.info("broker reachable again")
         self.broker_ok = True
         self.metrics.broker_up.set(1)
+
+    async def watch_group_right(self) -> None:
+        """Every GROUP_RIGHT_PROBE_S, whether the cluster still lets this worker's principal be a member of its group
+        (handlers/kafka/group_right.py). Once that right is taken away aiokafka's coordinator stops in silence (its
+        heartbeats refused), the group expels the worker and another may own its partitions: the worker stops
+        without committing, in one line naming the right, the group and the principal, and the fresh start waits
+        for the grant without saying it again (streams/worker_cmd.py). A probe that gets no answer is the broker
+        probe's business."""
+        while True:
+            await asyncio.sleep(GROUP_RIGHT_PROBE_S)
+            try:
+                await asyncio.wait_for(self.group_right.check(), GROUP_RIGHT_PROBE_S)
+            except Exception as exc:
+                line = refusal_reason(exc)
+                if line is not None:
+                    mark_reported(line)  # said here, in the fail-stop line
+                    self.service.stop(line)
 
     def ready(self) -> bool:
         """Joined the group and recovered the tables (DESIGN §3 /healthz)."""

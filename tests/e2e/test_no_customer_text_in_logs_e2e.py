@@ -9,6 +9,7 @@ the ingress's log file, nor in the `/metrics` of either. The sandbox's own log i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -19,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from projections.topic_settings import TABLES
+from tests.support.kafka import read_all
 from tests.support.processes import Process
 from tests.support.stack import SALES, Stack
 from tests.support.waiting import wait_until
@@ -84,3 +87,37 @@ def test_logs_and_metrics_carry_no_customer_text(debug_stack: Stack) -> None:
         if any(form in text for form in _forms(private))
     ]
     assert not leaks, "customer data in logs or metrics: " + "; ".join(leaks)
+
+
+def test_topics_and_changelogs_carry_only_sealed_customer_text(debug_stack: Stack) -> None:
+    """Issue 32 item 2: the customer's text and e-mail domain enter every record sealed under the conversation's
+    data key, so no topic of the app holds them in clear (`conversations`, `effects`, the changelogs, `keys`),
+    while the routing still happened on them (System One received the text)."""
+    stack = debug_stack
+    tag = uuid.uuid4().hex[:8]
+    marker = f"wombat{tag}"
+    domain = f"post{tag}.example"
+    conversation = stack.new_conversation(contact_name=f"Ottoline Vexley{tag}", contact_email=f"ov.{tag}@{domain}")
+    stack.customer_says(1, conversation, f"I need a quote for your pricing plans {marker}")
+    stack.wait_conversation(1, conversation, "assigned to sales", lambda c: c["assignee_id"] == SALES, 90)
+    assert wait_until("the marker at System One", lambda: any(marker in b for b in _systemone_inputs(stack)), 30)
+    assert any(domain in b for b in _systemone_inputs(stack))  # opened in memory to ask System One
+    stack.log.wait_settled(1, conversation, "the run to end")
+    app, bootstrap = stack.env["ROUTER_APP_ID"], stack.env["KAFKA_BOOTSTRAP_SERVERS"]
+    topics = [
+        f"{app}.conversations",
+        f"{app}.effects",
+        f"{app}.keys",
+        *(f"{app}-{table}-changelog" for table in TABLES),
+    ]
+    held = {topic: asyncio.run(read_all(bootstrap, topic)) for topic in topics}
+    assert held[f"{app}.keys"], "no data key was made"
+    sealed = [r for r in held[f"{app}.conversations"] if b'"sealed_text"' in (r.value or b"")]
+    assert any(r.key == f"1:{conversation}".encode() for r in sealed), "the turn read was not sealed"
+    leaks = [
+        f"{private!r} on {topic}"
+        for topic, records in held.items()
+        for private in (marker, domain)
+        if any(private.encode() in (r.value or b"") for r in records)
+    ]
+    assert not leaks, "customer data in clear on Kafka: " + "; ".join(leaks)

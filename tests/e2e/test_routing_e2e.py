@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from projections.logs.timeline import Arrived
+from schemas.records import Forgotten
 from tests.support.kafka import read_all
 from tests.support.stack import BILLING, BOT_TOKENS, INBOX_2, SALES, Stack, bot_messages
 from tests.support.trail import Seen, last_seq, sandbox_calls
@@ -251,6 +253,9 @@ def test_deleted_conversation_is_dropped(e2e: Stack) -> None:
     assert seen.trail.decisions == []
     mutations = ("toggle_status", "assign", "set_labels", "create_message")
     assert [c for c in sandbox_calls(e2e, conversation, since_seq=deleted_at) if c["op"] in mutations] == []
+    # nothing of it stays readable: its data key was erased, and the log says so (issue 32, automatic erasure)
+    erased = e2e.log.wait(1, conversation, "erased", lambda s: s.trail.state.forgotten_ms is not None)
+    assert any(isinstance(e, Forgotten) and e.reason == "conversation_missing" for e in _arrived(erased))
     # the worker carries on with other conversations
     other = e2e.new_conversation()
     e2e.customer_says(1, other, BILLING_QUESTION)
@@ -363,3 +368,8 @@ def test_an_inbox_linked_to_another_accounts_bot_is_listed_as_stuck(e2e: Stack) 
     assert 'router_stuck_conversations{reason="foreign_bot"}' in e2e.metrics()
     assert e2e.conversation(2, conversation)["status"] == "pending"  # left alone, never routed blindly
     e2e.clear_faults()
+
+
+def _arrived(seen: Any) -> list[Any]:
+    """The records of the conversation that came from outside its calls (webhooks, sweeps, timers, erasures)."""
+    return [entry.event for entry in seen.trail.timeline.entries if isinstance(entry, Arrived)]

@@ -46,6 +46,7 @@ import hashlib
 import json
 import re
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,28 @@ def renamed(record: str, old: int, new: int) -> str:
         .replace(f'"command_id":"1:{old}:', f'"command_id":"1:{new}:')
         .replace(f'"conversation_id":{old},', f'"conversation_id":{new},')
     )
+
+
+def interleaved(wanted: int, interleave: int = 50, first_id: int = 100_001) -> Iterator[tuple[str, str]]:
+    """(key, compact record) of at least `wanted` records of the demo's histories (`demo_logs`), each copy renamed
+    to the next conversation id from `first_id` (`renamed`), `interleave` conversations in flight at a time, each
+    conversation's records in order: how the benchmarks and tests fill a topic of any size."""
+    logs = demo_logs()
+    written, started = 0, 0
+    active: list[tuple[str, list[str], int]] = []  # (key, records, next index)
+    while written < wanted or active:
+        while len(active) < interleave and written < wanted:
+            old, records = logs[started % len(logs)]
+            new = first_id + started
+            started += 1
+            active.append((f"1:{new}", [renamed(r, old, new) for r in records], 0))
+        still = []
+        for key, records, index in active:
+            yield key, records[index]
+            written += 1
+            if index + 1 < len(records):
+                still.append((key, records, index + 1))
+        active = still
 
 
 def replay(history: History) -> list[dict[str, Any]]:

@@ -14,11 +14,13 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
+from handlers.privacy.kek import KEK_VAR, require_keks
 from handlers.worker.partition_reader import PartitionReader
 from handlers.worker.ports import SourceRecord
 from schemas.config import RouterConfig, Secrets, Settings
 from streams.worker.app import WorkerApp
 from streams.worker.env import WorkerEnv
+from tests.support.env import TEST_KEK
 from tests.support.kafka import create_topic
 
 
@@ -71,7 +73,7 @@ def worker_app(tmp_path: Path, bootstrap: str, app_id: str, commit_interval_ms: 
         data_dir=tmp_path / "state",
         commit_interval_ms=commit_interval_ms,
     )
-    return WorkerApp(Settings(config=config, secrets=secrets), env)
+    return WorkerApp(Settings(config=config, secrets=secrets), env, keks=require_keks({KEK_VAR: TEST_KEK}))
 
 
 async def test_the_commit_interval_is_the_operators(tmp_path: Path, kafka_bootstrap: str, app_id: str) -> None:

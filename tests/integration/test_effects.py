@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from handlers.privacy.keyring import memory_keyring
+from handlers.privacy.sealing import EMAIL_DOMAIN, message_field
 from handlers.worker.effects import EffectExecutor
 from handlers.worker.lanes import Lanes
 from projections.turn import is_confirmed_brand_reply
@@ -35,6 +37,7 @@ from schemas.records import (
     ListAgents,
     ListCanned,
     ListConversations,
+    MessageView,
     ReadTurn,
     ReplyHistoryResult,
     ScanReplyHistory,
@@ -82,8 +85,17 @@ async def sandbox() -> AsyncIterator[Sandbox]:
 
 @pytest.fixture
 async def executor(sandbox: Sandbox) -> AsyncIterator[EffectExecutor]:
-    async with EffectExecutor(_settings(sandbox), now_ms=lambda: NOW_MS) as running:
+    async with EffectExecutor(_settings(sandbox), now_ms=lambda: NOW_MS, keyring=memory_keyring()) as running:
         yield running
+
+
+def opened(executor: EffectExecutor, key: str, message: MessageView) -> str | None:
+    """A sealed text as the worker's own key opens it (issue 32): what the record carries is ciphertext."""
+    if message.sealed_text is None:
+        return message.text
+    data_key = executor._keyring.known(key)
+    assert data_key is not None
+    return data_key.open(message.sealed_text, message_field(message.id))
 
 
 def command(params: CommandParams, conversation: int | str = 1, command_id: str | None = None) -> EffectCommand:
@@ -133,7 +145,10 @@ async def test_get_conversation_reports_the_snapshot_and_only_the_email_domain(
         BOT,
         True,
     )
-    assert (view.blocked, view.email_domain) == (False, "example.org")
+    assert (view.blocked, view.email_domain) == (False, None)  # sealed (issue 32): never plaintext on the record
+    data_key = executor._keyring.known(f"1:{conv}")
+    assert data_key is not None and view.sealed_email_domain is not None
+    assert data_key.open(view.sealed_email_domain, EMAIL_DOMAIN) == "example.org"
     text = outcome.model_dump_json()
     assert "Evelyn" not in text and "Quartz" not in text and EMAIL not in text
 
@@ -182,10 +197,12 @@ async def test_a_three_page_turn_read_costs_four_requests_and_redacts_the_contac
     incoming = [m for m in turn.messages if m.message_type == 0]
     assert len(incoming) == 45
     assert [m.id for m in turn.messages] == sorted(m.id for m in turn.messages)
-    assert incoming[0].text == "This is [REDACTED], write to [REDACTED] about invoice 17"
-    assert incoming[1].text == "note 0"
+    key = f"1:{conv}"
+    assert opened(executor, key, incoming[0]) == "This is [REDACTED], write to [REDACTED] about invoice 17"
+    assert opened(executor, key, incoming[1]) == "note 0"
+    assert all(m.text is None and m.sealed_text is not None and m.usable for m in incoming)
     text = outcome.model_dump_json()
-    for secret in ("Evelyn", "Quartz", EMAIL, raw):
+    for secret in ("Evelyn", "Quartz", EMAIL, raw, "invoice 17", "note 0"):
         assert secret not in text
 
 
@@ -207,7 +224,8 @@ async def test_the_turn_read_stops_at_the_status_boundary(sandbox: Sandbox, exec
     assert_ok(outcome, 2)
     assert isinstance(outcome.result, TurnResult)
     assert outcome.result.boundary is not None and outcome.result.boundary.activity_status == "resolved"
-    assert [m.text for m in outcome.result.messages if m.message_type == 0] == ["new question"]
+    incoming = [m for m in outcome.result.messages if m.message_type == 0]
+    assert [opened(executor, f"1:{conv}", m) for m in incoming] == ["new question"]
 
 
 async def test_a_malformed_message_page_fails_the_turn_read(sandbox: Sandbox, executor: EffectExecutor) -> None:
@@ -291,7 +309,9 @@ async def test_decide_asks_system_one_once_per_command_id(sandbox: Sandbox, exec
 async def test_system_one_errors_are_classified(sandbox: Sandbox) -> None:
     sandbox.add_fault(op="systemone", status=503)
     sandbox.add_fault(op="systemone", mode="delay", delay_ms=700)
-    async with EffectExecutor(_settings(sandbox), now_ms=lambda: NOW_MS, timeout_s=0.2) as impatient:
+    async with EffectExecutor(
+        _settings(sandbox), now_ms=lambda: NOW_MS, timeout_s=0.2, keyring=memory_keyring()
+    ) as impatient:
         failed = await impatient.execute(command(Decide(input_key="k", text="refund please"), 3, "a"))
         timed_out = await impatient.execute(command(Decide(input_key="k", text="refund please"), 3, "b"))
     assert failed.error is not None and (failed.error.kind, failed.error.status) == ("failed", 503)
@@ -338,7 +358,9 @@ async def test_a_server_error_fails_with_its_status(sandbox: Sandbox, executor: 
 
 async def test_a_slow_chatwoot_answer_times_out(sandbox: Sandbox) -> None:
     sandbox.add_fault(op="list_agents", mode="delay", delay_ms=700)
-    async with EffectExecutor(_settings(sandbox), now_ms=lambda: NOW_MS, timeout_s=0.2) as impatient:
+    async with EffectExecutor(
+        _settings(sandbox), now_ms=lambda: NOW_MS, timeout_s=0.2, keyring=memory_keyring()
+    ) as impatient:
         outcome = await impatient.execute(command(ListAgents()))
     assert outcome.result is None and outcome.error is not None
     assert (outcome.error.kind, outcome.error.status, outcome.requests) == ("timeout", None, 1)
@@ -395,7 +417,9 @@ async def test_a_re_issued_decide_in_flight_waits_for_the_first_call(
 
 
 async def test_the_decide_memo_is_bounded(sandbox: Sandbox) -> None:
-    async with EffectExecutor(_settings(sandbox), now_ms=lambda: NOW_MS, decide_memo_size=1) as forgetful:
+    async with EffectExecutor(
+        _settings(sandbox), now_ms=lambda: NOW_MS, decide_memo_size=1, keyring=memory_keyring()
+    ) as forgetful:
         for command_id in ("a", "b", "a"):
             outcome = await forgetful.execute(command(Decide(input_key="k", text="refund please"), 3, command_id))
             assert_ok(outcome, 1)

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from handlers.clients.chatwoot import ChatwootClient, ChatwootError, ChatwootNetworkError, ChatwootTimeout
 from handlers.clients.systemone import JevHTTPError, JevNetworkError, JevTimeout, SystemOneClient
+from handlers.privacy.keyring import memory_keyring
 from handlers.worker.effects import EffectExecutor
 from sandbox import Sandbox, run_sandbox
 from sandbox.scenario import SAMPLE
@@ -125,7 +126,10 @@ async def test_system_one_redirects_are_not_followed(elsewhere: Peer, status: in
 
 
 async def test_the_executors_own_client_does_not_follow_redirects(elsewhere: Peer) -> None:
-    async with serve(redirecting(302, elsewhere)) as origin, EffectExecutor(settings(origin.url)) as executor:
+    async with (
+        serve(redirecting(302, elsewhere)) as origin,
+        EffectExecutor(settings(origin.url), keyring=memory_keyring()) as executor,
+    ):
         outcome = await executor.execute(list_agents())
     assert outcome.error is not None and (outcome.error.kind, outcome.error.status) == ("failed", 302)
     assert (outcome.requests, elsewhere.hits) == (1, [])
@@ -208,7 +212,7 @@ async def _through_client(url: str, n: int) -> None:
 
 
 async def _through_executor(url: str, n: int) -> None:
-    async with EffectExecutor(settings(url)) as executor:
+    async with EffectExecutor(settings(url), keyring=memory_keyring()) as executor:
         outcomes = await asyncio.gather(*(executor.execute(list_agents(i)) for i in range(n)))
     assert [o.error for o in outcomes] == [None] * n
 

@@ -9,9 +9,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from tests.support.kafka import create_topic
 
 
-async def test_idempotent_produce_then_consume_exact_records_and_end_offsets(
-    kafka_bootstrap: str, app_id: str
-) -> None:
+async def test_idempotent_produce_then_consume_exact_records_and_end_offsets(kafka_bootstrap: str, app_id: str) -> None:
     topic = f"{app_id}.roundtrip"
     await create_topic(kafka_bootstrap, topic, partitions=3)
     sent = [(f"1:{n % 7}".encode(), f"value-{n}".encode()) for n in range(354)]

@@ -33,9 +33,13 @@ async def test_dead_letters_go_back_to_their_source_topic_once(kafka_bootstrap: 
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
     await producer.start()
     try:
-        headers = [("error", b"conversation event: type: union_tag_invalid"),
-                   ("source_topic", f"{app_id}.conversations".encode()), ("source_partition", b"0"),
-                   ("source_offset", b"7"), ("attempts", b"1")]
+        headers = [
+            ("error", b"conversation event: type: union_tag_invalid"),
+            ("source_topic", f"{app_id}.conversations".encode()),
+            ("source_partition", b"0"),
+            ("source_offset", b"7"),
+            ("attempts", b"1"),
+        ]
         await producer.send_and_wait(f"{app_id}.dlq", value=b'{"fixed": true}', key=b"1:42", headers=headers)
         await producer.send_and_wait(f"{app_id}.dlq", value=b"x", key=b"1:43", headers=[("error", b"?")])
     finally:

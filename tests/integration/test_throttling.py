@@ -12,6 +12,7 @@ import pytest
 
 from handlers.clients.budget import RequestBudget
 from handlers.clients.chatwoot import ChatwootClient
+from handlers.privacy.keyring import memory_keyring
 from handlers.worker.effects import EffectExecutor
 from projections.jobs import command_deadline
 from sandbox import Sandbox, run_sandbox
@@ -38,7 +39,10 @@ async def executor(sandbox: Sandbox, budget: RequestBudget) -> AsyncIterator[Eff
     settings = _settings(sandbox)
     secrets = settings.secrets
     client = ChatwootClient(sandbox.url, secrets.chatwoot_token, secrets.agent_bot_tokens, budget=budget)
-    async with client, EffectExecutor(settings, chatwoot=client, now_ms=lambda: NOW_MS) as running:
+    async with (
+        client,
+        EffectExecutor(settings, chatwoot=client, now_ms=lambda: NOW_MS, keyring=memory_keyring()) as running,
+    ):
         yield running
 
 

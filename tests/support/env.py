@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 ROUTER_PREFIXES = ("ROUTER_", "CHATWOOT_", "TYPESAFE_")
+TEST_KEK = "dGVzdHMgbWFrZSB0aGVpciBvd24ga2V5IDMyIGJ5dGU="  # 32 bytes, base64: the tests' own key-encryption key
+"""The key-encryption key every router process of the tests gets (issue 32: the tests make their own)."""
 
 
 def outside_env() -> dict[str, str]:
@@ -26,6 +28,7 @@ def router_env(config: Path, bootstrap: str, app_id: str, **extra: str) -> dict[
         CHATWOOT_AGENT_BOT_TOKENS='{"3":"bot-token"}',
         CHATWOOT_AGENT_BOT_SECRETS='{"3":"whsec-three"}',
         TYPESAFE_API_KEY="tsk",
+        ROUTER_KEY_ENCRYPTION_KEY=TEST_KEK,
     )
     env.update(extra)
     return env

@@ -21,7 +21,7 @@ import httpx
 from sandbox.scenario import from_config
 from schemas.config import parse_config
 from streams.kafka.local import free_port
-from tests.support.env import outside_env
+from tests.support.env import TEST_KEK, outside_env
 from tests.support.processes import ROOT, Process
 from tests.support.trail import ConversationLog
 from tests.support.waiting import wait_until
@@ -104,6 +104,7 @@ class Stack:
             CHATWOOT_AGENT_BOT_TOKENS=json.dumps({str(k): v for k, v in BOT_TOKENS.items()}),
             CHATWOOT_AGENT_BOT_SECRETS=json.dumps({str(k): v for k, v in BOT_SECRETS.items()}),
             TYPESAFE_API_KEY=API_KEY,
+            ROUTER_KEY_ENCRYPTION_KEY=TEST_KEK,
         )
         self.env.update(env or {})
         self.sandbox = Process(

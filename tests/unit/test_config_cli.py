@@ -183,3 +183,13 @@ def test_a_variable_that_is_not_utf8(tmp_path: Path) -> None:
 def test_a_secret_with_a_control_character(tmp_path: Path) -> None:
     line = refused(tmp_path, "ingress", CHATWOOT_AGENT_BOT_SECRETS='{"3": "whsec\\u0000three"}')
     assert line == "Invalid secrets: CHATWOOT_AGENT_BOT_SECRETS: values must be printable text (no control characters)"
+
+
+def test_a_worker_without_a_key_encryption_key_refuses_to_start_in_one_line(tmp_path: Path) -> None:
+    """Issue 32: the worker seals customer text; without the operator's KEK it never starts (not even to wait for
+    Kafka), and a bad KEK is named, never shown."""
+    line = refused(tmp_path, "worker", ROUTER_KEY_ENCRYPTION_KEY="")
+    assert "ROUTER_KEY_ENCRYPTION_KEY" in line and "is not set" in line
+    bad = "c2hvcnQga2V5"  # base64 of 9 bytes
+    line = refused(tmp_path, "worker", ROUTER_KEY_ENCRYPTION_KEY=bad)
+    assert "ROUTER_KEY_ENCRYPTION_KEY" in line and bad not in line

@@ -84,3 +84,31 @@ def test_the_snapshot_gives_back_the_counts_positions_and_states(tmp_path: Path)
     now = T0 + 3_600_000
     assert resumed.counts.overview(now) == whole.counts.overview(now)
     assert Snapshot(tmp_path / "s.sqlite", "other.conversations").load() is None  # another topic's snapshot
+
+
+def test_a_first_build_shows_the_conversations_it_has_folded_so_far(tmp_path: Path) -> None:
+    """While a first build folds the log (no workers' live table to count from), the overview counts the
+    conversations and endings its processes have committed to the snapshot so far; the history's counts come only
+    with the build's end."""
+    from handlers.console.live import LiveConsole
+    from schemas.configs import ConfigDocument, FoldSettings
+
+    drivers = _drivers()
+    config, retry = drivers[0].config, drivers[0].retry_base_ms
+    book = ConfigBook([ConfigDocument.of(config, FoldSettings(retry_base_ms=retry))])
+    snapshot = Snapshot(tmp_path / "s.sqlite", "app.conversations")
+    console = LiveConsole("127.0.0.1:1", "app", book, snapshot)
+    builder = Snapshot(tmp_path / "s.sqlite", "app.conversations")  # a build process's own connection
+    fold = OverviewFold(builder, book=book, retry_base_ms=retry)
+    for offset, raw in _records(drivers):
+        fold.feed(raw, offset, 0)
+    builder.commit_states()
+    now = T0 + 3_600_000
+    console.building = True
+    so_far = console.overview(now)
+    assert so_far.conversations == 3 and so_far.endings == fold.counts.overview(now).endings
+    assert not so_far.results and not so_far.handoff_reasons and so_far.replies_sent == 0
+    console.building = False
+    assert console.overview(now).conversations == 0  # the build's own counts replace these when it ends
+    builder.close()
+    snapshot.close()

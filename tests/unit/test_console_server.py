@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -14,7 +15,7 @@ from aiohttp.test_utils import TestServer
 from handlers.console.render import render_conversation
 from handlers.console.server import SESSION_COOKIE, create_app
 from handlers.console.status import ConsoleStatus, TailStatus, WorkerStuck
-from projections.console.model import ConsoleModel
+from projections.console.model import ConsoleModel, ConversationTimeline
 from streams.console_cmd import is_loopback, resolve_token
 from tests.unit.test_fold_driver import T0, Driver, decision, incoming
 
@@ -156,3 +157,48 @@ def test_the_command_refuses_to_bind_beyond_loopback_without_a_token() -> None:
         )
         assert result.returncode == 2, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and "token" in result.stderr
+
+
+async def test_the_api_answers_at_once_while_the_console_catches_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing the API answers waits for the log: while the console catches up it says so with its progress, and a
+    timeline still being read is answered 202 "reading" (the page's poll gets it once it is read)."""
+    import handlers.console.server
+
+    monkeypatch.setattr(handlers.console.server, "API_WAIT_S", 0.05)
+    model = routed_model()
+    read = asyncio.Event()
+    at_hand = model.timeline
+
+    async def reading(key: str) -> ConversationTimeline | None:  # a long history being read from the log
+        await read.wait()
+        return at_hand(key)
+
+    monkeypatch.setattr(model, "timeline", reading)
+    sources = StubSources()
+    sources.status.tail = TailStatus(topic="t.conversations", records=40, behind=960, step="reading the log")
+    server = TestServer(create_app(model, sources, now_ms=lambda: T0 + 1000))
+    await server.start_server()
+    url = str(server.make_url("")).rstrip("/")
+    try:
+        async with ClientSession() as http:
+            async with http.get(f"{url}/api/overview") as response:
+                overview = await response.json()
+            assert response.status == 200 and overview["catching_up"] is True
+            assert overview["progress"] == {
+                "catching_up": True,
+                "step": "reading the log",
+                "records": 40,
+                "behind": 960,
+                "error": None,
+            }
+            assert overview["fragments"]["live"] == "catching up (reading the log) … 40 records, 960 to go"
+            async with http.get(f"{url}/api/conversations/1:2") as response:
+                answer = await response.json()
+            assert response.status == 202 and answer["reading"] is True and answer["catching_up"] is True
+            assert answer["fragments"] == {"live": "reading 1:2's records from the log …"}
+            read.set()
+            async with http.get(f"{url}/api/conversations/1:2") as response:
+                answer = await response.json()
+            assert response.status == 200 and answer["reading"] is False and answer["calls"] >= 5
+    finally:
+        await server.close()

@@ -60,7 +60,7 @@ def by_setting(findings: list[Finding]) -> dict[tuple[str, str], Finding]:
 
 def test_every_topic_of_the_app_has_a_kind_read_back_from_its_name() -> None:
     names = app_topics(APP)
-    assert len(names) == 5 + len(TABLES)
+    assert len(names) == 6 + len(TABLES)
     assert names[f"{APP}.conversations"] is Kind.CONVERSATIONS
     assert names[f"{APP}-timers-changelog"] is Kind.CHANGELOG
     assert all(kind_of(name) is kind for name, kind in names.items())
