@@ -23,6 +23,7 @@ from projections.logs.timeline import (
     TurnEnded,
     VersionInForce,
     describe_outcome,
+    waited,
 )
 from schemas.config import RouterConfig
 from schemas.configs import ConfigBook
@@ -109,12 +110,15 @@ def trail_line(entry: Entry) -> TrailEntry | None:
         return _arrived(entry.at_ms, entry.event)
     if isinstance(entry, Answered):
         call = entry.call
+        throttled = (
+            f", waited {waited(call.rate_wait_ms)} for Chatwoot's rate limit" if call.rate_wait_ms >= 1000 else ""
+        )
         if call.result != "ok":
             status = f" HTTP {call.status}" if call.status is not None else ""
-            return TrailEntry(entry.at_ms, f"{call.op} failed", f"{call.result}{status}")
+            return TrailEntry(entry.at_ms, f"{call.op} failed", f"{call.result}{status}{throttled}")
         if entry.decision is not None:
             return TrailEntry(entry.at_ms, "Jev decided", describe_decision(entry.decision))
-        return TrailEntry(entry.at_ms, f"{call.op} ok", f"{call.requests} request(s)")
+        return TrailEntry(entry.at_ms, f"{call.op} ok", f"{call.requests} request(s){throttled}")
     if isinstance(entry, Issued):
         return TrailEntry(entry.at_ms, f"→ {entry.call.op}", entry.call.detail)
     if isinstance(entry, TurnEnded):

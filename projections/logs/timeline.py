@@ -65,6 +65,12 @@ QUIET_RESULTS = ("nothing", "deferred", "retry")
 # --- what a timeline is made of ---
 
 
+
+def waited(ms: int) -> str:
+    """A wait for people: "12 s", "3 min 5 s"."""
+    seconds = round(ms / 1000)
+    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
+
 @dataclass
 class Call:
     """One outbound call the router issued and what became of it (`result` "pending" until its outcome)."""
@@ -82,6 +88,7 @@ class Call:
     requests: int = 0
     ignored: bool = False  # its outcome came when the run no longer waited for it
     seq: int = 0
+    rate_wait_ms: int = 0  # how long its requests waited for Chatwoot's rate limit (issue 30)
 
     @property
     def target(self) -> str:
@@ -101,6 +108,8 @@ class Call:
             text += f" ({self.reason})"
         if self.ignored:
             text += ", ignored: the run had moved on"
+        if self.rate_wait_ms >= 1000:
+            text += f", waited {waited(self.rate_wait_ms)} for Chatwoot's rate limit"
         return text
 
 
@@ -276,8 +285,8 @@ class Timeline:
     def _answered(self, event: EffectOutcome, before: ConversationState) -> None:
         """What an effect's outcome says of its call. This is the one place an outcome becomes timeline facts, for
         `audit` and the console alike: a further fact of the outcome about its call is read here into `Call` (and
-        the `Answered` entry), e.g. how long its requests waited for Chatwoot's rate limit (`rate_wait_ms`), which
-        no timeline shows yet; `Call.summary` and `audit`'s line for the answer (`trail_line`) then say it."""
+        the `Answered` entry), as how long its requests waited for Chatwoot's rate limit (`rate_wait_ms`, shown from
+        a second on by `Call.summary`, the console's bar, and by `audit`'s line for the answer, `trail_line`)."""
         run = before.run
         awaited = run is not None and run.pending is not None and run.pending.command_id == event.command_id
         seq = self._next_seq()
@@ -288,6 +297,7 @@ class Timeline:
             self.calls.append(call)
         call.ended_ms = event.at_ms
         call.requests = event.requests
+        call.rate_wait_ms = event.rate_wait_ms
         call.ignored = not awaited
         decision = None
         if event.error is not None:

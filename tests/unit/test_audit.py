@@ -77,3 +77,18 @@ def test_log_replay_counts_records_that_are_not_conversation_events() -> None:
     assert replay.undecodable == 2
     assert list(replay.trails) == ["1:2"] and replay.trail("1:2").state == driver.state
     assert replay.trail("9:9").events == 0
+
+
+def test_a_call_that_waited_for_chatwoots_rate_limit_says_how_long_on_the_timeline() -> None:
+    """Issue 30: throttled time is on the conversation's timeline (audit's line and the console's bar), from a
+    second on; shorter waits are the ordinary pacing of the request budget."""
+    from projections.logs.audit import trail_line
+    from projections.logs.timeline import Answered, Call, waited
+
+    call = Call("1:7:1:3", "assign", "user 2", 1, 1, 0, ended_ms=95_000, result="ok", requests=2, rate_wait_ms=72_400)
+    assert waited(72_400) == "1 min 12 s" and waited(12_000) == "12 s"
+    assert call.summary == "ok, waited 1 min 12 s for Chatwoot's rate limit"
+    line = trail_line(Answered(95_000, 1, call, None))
+    assert line is not None and "waited 1 min 12 s for Chatwoot's rate limit" in line.detail
+    quick = Call("1:7:1:4", "assign", "user 2", 1, 1, 0, ended_ms=1, result="ok", requests=2, rate_wait_ms=300)
+    assert quick.summary == "ok"
