@@ -78,7 +78,9 @@ def turn_input(messages: Sequence[MessageView], current: ConversationView | None
         if is_customer_message(m) and _usable(m):
             kept.append(m)
     key = ",".join(str(m.id) for m in kept)
-    if any(m.sealed_text is not None for m in kept) or (current is not None and current.sealed_email_domain):
+    # Sealed texts make a sealed input; texts read before sealing (a run begun before the upgrade) make a plaintext
+    # one as before. Across that upgrade a domain of the other kind is left out rather than mixed in.
+    if kept and all(m.sealed_text is not None for m in kept):
         return TurnInput(
             key=key,
             count=len(kept),

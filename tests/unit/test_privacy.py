@@ -168,3 +168,18 @@ def test_rotation_wraps_every_owned_key_again_so_the_retired_kek_can_be_dropped(
     assert new_only.known("1:1") == keys["1:1"] and new_only.known("1:2") == keys["1:2"]
     with pytest.raises(UnknownKek):
         new_only.known("1:3")  # left to its owner
+
+
+def test_a_run_begun_before_the_upgrade_keeps_a_plaintext_input_and_never_mixes_in_a_sealed_domain() -> None:
+    """Across the upgrade a run's turn read may be plaintext (read before) while its conversation read is sealed
+    (read after), or the other way round: the input takes the texts' kind, and a domain of the other kind is left
+    out (the worker could not join plaintext and ciphertext in one question)."""
+    key = DataKey.new("1:1")
+    legacy = (incoming(1, "hello, my order"),)
+    sealed_current = seal_conversation(ConversationView(inbox_id=1, status="pending", email_domain="x.org"), key)
+    mixed = turn_input(legacy, sealed_current)
+    assert mixed.text == "hello, my order" and mixed.parts == ()
+    turn = seal_turn(TurnResult(messages=legacy), key)
+    plain_current = ConversationView(inbox_id=1, status="pending", email_domain="x.org")
+    other = turn_input(turn.messages, plain_current)
+    assert other.text is None and other.domain is None and open_input(decide_command(other), key) == "hello, my order"
