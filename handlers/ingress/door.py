@@ -30,8 +30,9 @@ from aiokafka.errors import KafkaError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from handlers.ingress.connections import DEFAULT_READ_TIMEOUT_S, ConnectionGuard, start_guarded
-from handlers.ingress.producer_health import ProbeClient, breaks_producer, topic_min_isr, writable_now
+from handlers.ingress.producer_health import breaks_producer, topic_min_isr, writable_now
 from handlers.kafka.authorization import refusal_reason
+from handlers.kafka.probe_client import ProbeClient
 from handlers.kafka.security import auth_reason, client_options
 from handlers.kafka.topics import ensure_topics
 from handlers.logging_setup import log_line

@@ -31,7 +31,6 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from handlers.kafka.security import client_options
@@ -99,35 +98,6 @@ async def writable_now(client: Any, topic: str, min_isr: int | None) -> set[int]
     nodes = sorted(nodes_involved(states))
     answers = await asyncio.gather(*(client.ready(node) for node in nodes))
     return writable_partitions(states, {node for node, ready in zip(nodes, answers, strict=True) if ready}, min_isr)
-
-
-class ProbeClient:
-    """The probe's own Kafka client (connections of its own), started on first use and kept."""
-
-    def __init__(self, bootstrap: str, *, request_timeout_ms: int = 5000) -> None:
-        self.bootstrap = bootstrap
-        self._request_timeout_ms = request_timeout_ms
-        self._client: AIOKafkaClient | None = None
-
-    async def __call__(self) -> AIOKafkaClient:
-        if self._client is None:
-            client = AIOKafkaClient(
-                bootstrap_servers=self.bootstrap, request_timeout_ms=self._request_timeout_ms, **client_options()
-            )
-            try:
-                await client.bootstrap()
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await client.close()
-                raise
-            self._client = client
-        return self._client
-
-    async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):
-                await client.close()
 
 
 async def topic_min_isr(bootstrap: str, topic: str, *, request_timeout_ms: int = 5000) -> int | None:

@@ -18,13 +18,11 @@ does not answer raises as any Kafka request does.
 
 from __future__ import annotations
 
-import contextlib
-
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import GroupAuthorizationFailedError
 from aiokafka.protocol.commit import OffsetCommitRequest
 
-from handlers.kafka.security import client_options
+from handlers.kafka.probe_client import ProbeClient
 
 PROBE_TOPIC = "group right probe"
 """Appended to the app's topic prefix (`<app>.`, which every role that may join holds Read on, so a granted probe
@@ -53,34 +51,17 @@ class GroupRight:
         self.bootstrap = bootstrap
         self.group = group
         self.topic = topic
-        self._client: AIOKafkaClient | None = None
+        self._client = ProbeClient(bootstrap, request_timeout_ms=REQUEST_TIMEOUT_MS)
 
     async def check(self) -> None:
         """Return when the group is granted; raise `GroupAuthorizationFailedError(group)` when it is refused (what
         aiokafka raises for a refused JoinGroup: `handlers.kafka.authorization` names it in one line)."""
-        client = await self._connected()
+        client = await self._client()
         if await refused(client, self.group, self.topic):
             raise GroupAuthorizationFailedError(self.group)
 
-    async def _connected(self) -> AIOKafkaClient:
-        if self._client is None:
-            client = AIOKafkaClient(
-                bootstrap_servers=self.bootstrap, request_timeout_ms=REQUEST_TIMEOUT_MS, **client_options()
-            )
-            try:
-                await client.bootstrap()
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await client.close()
-                raise
-            self._client = client
-        return self._client
-
     async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):
-                await client.close()
+        await self._client.close()
 
 
 async def check_once(bootstrap: str, group: str, topic: str) -> None:
