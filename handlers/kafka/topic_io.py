@@ -14,7 +14,7 @@ The ingress keeps a producer of its own (handlers/ingress/door.py): its timeouts
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -81,9 +81,12 @@ async def read_topic(
     *,
     progress: Progress | None = None,
     progress_every: int = 10_000,
+    partitions: Collection[int] | None = None,
 ) -> int:
-    """Feed every record of `topic` (as of now) to `on_record`, partition by partition in offset order."""
-    assigned = await topic_partitions(bootstrap, topic)
+    """Feed every record of `topic` (as of now; of `partitions` only, when given) to `on_record`, partition by
+    partition in offset order."""
+    every = await topic_partitions(bootstrap, topic)
+    assigned = [tp for tp in every if partitions is None or tp.partition in partitions]
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **client_options())
     await consumer.start()
     try:

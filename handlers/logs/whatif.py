@@ -23,6 +23,7 @@ from handlers.clients.systemone import SystemOneClient
 from handlers.logs.audit import starts
 from handlers.logs.reader import Plan, Progress, Records, Share, key_shares, plan, read
 from handlers.logs.shards import jobs_for, run_sharded
+from handlers.privacy.reader_keys import read_reader_keys
 from projections.jev import JevError
 from projections.whatif.record import TurnRecorder
 from projections.whatif.replay import Question
@@ -65,6 +66,9 @@ async def whatif_partition(job: WhatifJob, partition: int, progress: Progress | 
     read).
     """
     tally = TurnTally(job.candidate, job.answers, job.selection)
+    # sealed inputs (issue 32) open with this process's KEK; this partition's keys are in the same partition number
+    app_id = job.topic.removesuffix(".conversations")
+    tally.opener = (await read_reader_keys(job.bootstrap, app_id, partitions=[partition])).plain_input
     keys: set[bytes] | None = None
     if job.selection.key is not None:
         keys = {job.selection.key.encode(), MARKER}

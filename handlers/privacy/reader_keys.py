@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import ValidationError
@@ -64,6 +64,17 @@ class ReaderKeys:
             self._opened[conversation] = key
         return self._opened[conversation]
 
+    def plain_input(self, conversation: str, decide: Decide) -> str | None:
+        """The input System One read, or None when this reader cannot open it (no KEK, erased)."""
+        if decide.text is not None:
+            return decide.text
+        if conversation in self.erased:
+            return None
+        try:
+            return open_input(decide, self.data_key(conversation))
+        except CannotOpen:
+            return None
+
     def open_decide(self, conversation: str, decide: Decide) -> str:
         """The input System One read, or what a reader shows instead (erased / withheld)."""
         if decide.text is not None:
@@ -76,8 +87,11 @@ class ReaderKeys:
             return WITHHELD
 
 
-async def read_reader_keys(bootstrap: str, app_id: str, only: Iterable[str] | None = None) -> ReaderKeys:
-    """The data keys of `<app>.keys` (those of `only`, when given), openable with the environment's KEK."""
+async def read_reader_keys(
+    bootstrap: str, app_id: str, only: Iterable[str] | None = None, *, partitions: Collection[int] | None = None
+) -> ReaderKeys:
+    """The data keys of `<app>.keys` (those of `only`, of `partitions`, when given), openable with the
+    environment's KEK. A conversation's key is in the partition of the same number as its records."""
     keys = ReaderKeys(load_keks())
     wanted = None if only is None else set(only)
 
@@ -85,7 +99,7 @@ async def read_reader_keys(bootstrap: str, app_id: str, only: Iterable[str] | No
         keys.add(getattr(record, "value", None), wanted)
 
     with contextlib.suppress(LookupError):  # an app from before issue 32 has no keys topic: nothing was sealed
-        await topic_io.read_topic(bootstrap, f"{app_id}.keys", take)
+        await topic_io.read_topic(bootstrap, f"{app_id}.keys", take, partitions=partitions)
     return keys
 
 

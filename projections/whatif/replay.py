@@ -165,6 +165,7 @@ class NeedsDecision:
 
 DecideAnswer = Decision | NeedsDecision
 Answers = Mapping[str, object]  # question digest -> System One's answer (the JSON body it returned)
+InputOpener = Callable[[str, Decide], str | None]  # conversation key, sealed decide -> its text, or None
 
 
 # --- the candidate's replay ----------------------------------------------------------------------------
@@ -366,13 +367,23 @@ class _Decider:
     (with `no_request` forced when the threshold leaves it open), else `answers` (System One's answers by
     question digest), else it needs a new decision. `question` is the last question it was asked."""
 
-    def __init__(self, turn: RecordedTurn, candidate: RouterConfig, answers: Answers, no_request: bool | None):
+    def __init__(
+        self,
+        turn: RecordedTurn,
+        candidate: RouterConfig,
+        answers: Answers,
+        no_request: bool | None,
+        opener: InputOpener | None = None,
+    ):
         self.turn, self.candidate, self.answers, self.no_request = turn, candidate, answers, no_request
+        self.opener = opener
         self.question: Question | None = None
 
     def __call__(self, params: Decide) -> DecideAnswer:
         account, candidate = self.turn.account_id, self.candidate
         text = params.text
+        if text is None and self.opener is not None:
+            text = self.opener(self.turn.key, params)  # opened with the reader's KEK (never for an erased turn)
         sealed = text is None  # issue 32: the question's text is sealed; its setup can still be compared
         live_body = build_request(self.turn.live.config, account, text or "")
         body = build_request(candidate, account, text or "")
@@ -403,8 +414,11 @@ def _no_request_is_ambiguous(turn: RecordedTurn, candidate: RouterConfig) -> boo
     return min_confidence < live_min
 
 
-def compare_turn(turn: RecordedTurn, candidate: RouterConfig, answers: Answers | None = None) -> TurnComparison:
-    """Re-decide one recorded turn under `candidate` (see the module docstring)."""
+def compare_turn(
+    turn: RecordedTurn, candidate: RouterConfig, answers: Answers | None = None, opener: InputOpener | None = None
+) -> TurnComparison:
+    """Re-decide one recorded turn under `candidate` (see the module docstring); `opener` opens a sealed input
+    (issue 32) when the reader has the key-encryption key."""
     answers = answers or {}
     live = live_side(turn)
 
@@ -428,7 +442,7 @@ def compare_turn(turn: RecordedTurn, candidate: RouterConfig, answers: Answers |
     sides: list[Side] = []
     question: Question | None = None
     for variant in variants:
-        decider = _Decider(turn, candidate, answers, variant)
+        decider = _Decider(turn, candidate, answers, variant, opener)
         replay = _Replay(turn, candidate, decider)
         ended = replay.go()
         question = decider.question or question

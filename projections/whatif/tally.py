@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from projections.whatif.record import RecordedTurn
-from projections.whatif.replay import Answers, Question, TurnComparison, compare_turn
+from projections.whatif.replay import Answers, InputOpener, Question, TurnComparison, compare_turn
 from projections.whatif.report import Report, config_diff
 from schemas.config import RouterConfig
 from schemas.configs import ConfigDocument
@@ -88,10 +88,11 @@ class TurnTally:
     undecided: int = 0
     unlisted: int = 0
     kept: Counter[bool] = field(default_factory=Counter)  # rows listed: unchanged (True) and the others
+    opener: InputOpener | None = field(default=None, repr=False, compare=False)  # not pickled: set in each shard
 
     def __call__(self, turn: RecordedTurn) -> None:
         if self.selection(turn):
-            self.add(turn.live, compare_turn(turn, self.candidate, self.answers))
+            self.add(turn.live, compare_turn(turn, self.candidate, self.answers, self.opener))
 
     def add(self, live: ConfigDocument, compared: TurnComparison) -> None:
         self.counts[compared.status] += 1

@@ -24,14 +24,17 @@ SALES_QUESTION = "Can I get a sales quote and pricing plans for a discount?"
 HOURS = "What are your opening hours? When is the shop open or closed?"
 
 
-def whatif(stack: Stack, *args: str, ask: bool = False) -> subprocess.CompletedProcess[str]:
-    """The command with only where the log is (and System One's key for --ask): no Chatwoot token at all."""
+def whatif(stack: Stack, *args: str, ask: bool = False, kek: bool = True) -> subprocess.CompletedProcess[str]:
+    """The command with only where the log is, the key-encryption key that opens its sealed inputs (issue 32) and
+    System One's key for --ask: no Chatwoot token at all."""
     keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH")}
     env = {
         **keep,
         "KAFKA_BOOTSTRAP_SERVERS": stack.env["KAFKA_BOOTSTRAP_SERVERS"],
         "ROUTER_APP_ID": stack.env["ROUTER_APP_ID"],
     }
+    if kek:
+        env["ROUTER_KEY_ENCRYPTION_KEY"] = stack.env["ROUTER_KEY_ENCRYPTION_KEY"]
     if ask:
         env["TYPESAFE_API_KEY"] = stack.env["TYPESAFE_API_KEY"]
     return subprocess.run(
@@ -136,6 +139,12 @@ def test_whatif_re_decides_the_recorded_turns_without_touching_chatwoot(
         }
         assert "    candidate: needs a new decision (owners)" in text
         assert "routing.accounts.1.sales.assignee: 3 → (absent)" in text
+        # without the key-encryption key the sealed inputs stay shut: not re-decidable, and never asked
+        asked_so_far = len(sandbox_log(stack, since)["systemone_calls"])
+        shut = whatif(stack, "--config", no_sales, "--ask", "--cache", str(tmp_path / "shut"), ask=True, kek=False)
+        assert shut.returncode == 0, shut.stderr
+        assert shut.stdout.count("its input is sealed: not re-decidable without opening it") == 4
+        assert len(sandbox_log(stack, since)["systemone_calls"]) == asked_so_far  # nothing sealed was sent
 
         cache = str(tmp_path / "cache")
         before = len(sandbox_log(stack, since)["systemone_calls"])  # the log keeps every System One call
