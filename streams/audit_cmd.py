@@ -24,6 +24,7 @@ from handlers.kafka.config_store import read_book
 from handlers.logs.audit import (
     Feed,
     VerifyJob,
+    conversation_partition,
     read_conversation,
     table_key,
     verify_partition,
@@ -111,7 +112,9 @@ def say_partial(history: History) -> None:
 
 def timeline(args: argparse.Namespace, bootstrap: str, app_id: str, replay: LogReplay) -> int:
     key = args.conversation
-    replay.opener = asyncio.run(read_reader_keys(bootstrap, app_id, only={key})).open_decide  # with the KEK
+    partition = asyncio.run(conversation_partition(bootstrap, f"{app_id}.conversations", key))
+    # its data key is in the partition of the same number of `<app>.keys`: opens its inputs with the KEK
+    replay.opener = asyncio.run(read_reader_keys(bootstrap, app_id, only={key}, partitions=[partition])).open_decide
     feeds: list[Feed] = [lambda value, offset, partition, _key: replay.feed(value, offset, partition)]
     scans: list[LogScan[Any]] = [replay.scan]
     read = asyncio.run(read_conversation(bootstrap, app_id, key, feeds, scans))
@@ -128,8 +131,6 @@ def verify(
 ) -> int:
     job = VerifyJob(bootstrap, app_id, book, legacy, only_key=args.conversation)
     if args.conversation:
-        from handlers.logs.audit import conversation_partition
-
         topic = f"{app_id}.conversations"
         partition = asyncio.run(conversation_partition(bootstrap, topic, args.conversation))
         verified = asyncio.run(verify_partition(job, partition))

@@ -238,7 +238,8 @@ class LiveConsole:
         planned = await plan(self.bootstrap, self.topic, look_at_heads=False)
         partition = partition_for(key, len(planned.spans))
         span = planned.span(partition)
-        keys = await read_reader_keys(self.bootstrap, self.app_id, only={key})  # opens its inputs with the KEK
+        # its data key, from the partition of the same number of `<app>.keys`: opens its inputs with the KEK
+        keys = await read_reader_keys(self.bootstrap, self.app_id, only={key}, partitions=[partition])
         model = ConsoleModel(
             self.config, retry_base_ms=self.retry_base_ms, book=self.book, only_key=key, opener=keys.open_decide
         )

@@ -77,15 +77,10 @@ class ReaderKeys:
 
     def open_decide(self, conversation: str, decide: Decide) -> str:
         """The input System One read, or what a reader shows instead (erased / withheld)."""
-        if decide.text is not None:
-            return decide.text
-        if conversation in self.erased:
-            return ERASED
-        try:
-            return open_input(decide, self.data_key(conversation))
-        except CannotOpen:
-            return WITHHELD
-
+        opened = self.plain_input(conversation, decide)
+        if opened is not None:
+            return opened
+        return ERASED if conversation in self.erased else WITHHELD
 
 async def read_reader_keys(
     bootstrap: str, app_id: str, only: Iterable[str] | None = None, *, partitions: Collection[int] | None = None
