@@ -16,9 +16,9 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
 from typing import Protocol
 
-from handlers.privacy.envelope import DataKey, KeyEncryptionKey
+from handlers.privacy.envelope import KEY_BYTES, DataKey, KeyEncryptionKey
 from handlers.privacy.kek import KeyEncryptionKeys
-from handlers.worker.ports import PartitionScope, Table, any_partition
+from handlers.worker.ports import MemoryTable, PartitionScope, Table, any_partition
 from schemas.data_keys import KEY_RECORD, ErasedKey, WrappedDataKey
 
 CACHED_KEYS = 4096
@@ -144,7 +144,4 @@ class TableKeyRing:
 
 def memory_keyring(keks: KeyEncryptionKeys | None = None) -> TableKeyRing:
     """Data keys in memory under a fresh KEK: for an executor outside a worker (tests, benchmarks)."""
-    from handlers.privacy.envelope import KEY_BYTES
-    from handlers.worker.ports import MemoryTable
-
     return TableKeyRing(MemoryTable(), keks or KeyEncryptionKeys(KeyEncryptionKey(os.urandom(KEY_BYTES))))

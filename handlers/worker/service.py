@@ -471,7 +471,7 @@ class WorkerService:
         for outcome in step.outcomes:
             report_turn(self.metrics, outcome)
         if isinstance(event, ForgetRequested) and not getattr(step.state, "forgotten_ms", None):
-            await self.erase(event)
+            await self.erase(key, event.reason, event.request_id)
         elif (
             source == "conversations"
             and self.keyring is not None
@@ -479,36 +479,27 @@ class WorkerService:
         ):
             # Chatwoot says the conversation no longer exists (§10.3; a contact deleted with its conversations
             # sends no webhook): nothing of it is kept readable (issue 32, automatic erasure)
-            parsed = conversation_key_of(key)
-            await self.erase(
-                ForgetRequested(
-                    at_ms=self.now_ms(),
-                    account_id=parsed.account_id,
-                    conversation_id=parsed.conversation_id,
-                    reason="conversation_missing",
-                    request_id=f"auto:{key}:{record.offset}",
-                )
-            )
+            await self.erase(key, "conversation_missing", None)
 
-    async def erase(self, request: ForgetRequested) -> None:
+    async def erase(self, key: str, reason: str, request_id: str | None) -> None:
         """Issue 32: destroy the conversation's data key (the erasure fence replaces it on `<app>.keys`), drop
         what still runs for it, and write `Forgotten`; both durable before the request's offset is committed. A
         redelivered request does it again (the fence is idempotent; the fold keeps the first `Forgotten`)."""
         if self.keyring is None:
             raise RuntimeError("this worker has no key ring: it cannot erase")
-        key = request.key
-        self.keyring.erase(key, self.now_ms(), request.reason)
+        self.keyring.erase(key, self.now_ms(), reason)
         dropped = await self.lanes.cancel(lambda lane: lane == key)
+        parsed = conversation_key_of(key)
         forgotten = Forgotten(
             at_ms=self.now_ms(),
-            account_id=request.account_id,
-            conversation_id=request.conversation_id,
-            reason=request.reason,
-            request_id=request.request_id,
+            account_id=parsed.account_id,
+            conversation_id=parsed.conversation_id,
+            reason=reason,
+            request_id=request_id,
         )
         await self.send("conversations", key, forgotten)
         await self.commit_cache()  # the fence and the proof acknowledged, or the worker stops
-        log.info("conversation forgotten", extra={"key": key, "request_id": request.request_id, "dropped": dropped})
+        log.info("conversation forgotten", extra={"key": key, "request_id": request_id, "dropped": dropped})
 
     def unchained(self, key: str, step: Step) -> list[EffectCommand]:
         """The step's commands less the chained read this process already runs for that very copy."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from projections.fold import DEFAULT_RETRY_BASE_MS, Event
+from projections.fold import DEFAULT_RETRY_BASE_MS
 from projections.logs.timeline import (
     Answered,
     Arrived,
@@ -52,18 +52,6 @@ class ConversationTrail:
     def __post_init__(self) -> None:
         self.timeline = Timeline(key=self.key)
 
-    def apply(
-        self,
-        event: Event,
-        offset: int,
-        config: RouterConfig,
-        *,
-        retry_base_ms: int = DEFAULT_RETRY_BASE_MS,
-        config_version: str | None = None,
-    ) -> list[TurnOutcome]:
-        """Fold one record's event into the trail under configuration `config_version`, each part of it
-        (`fold_parts`) as its own step; returns its turn outcomes."""
-        return self.timeline.apply(event, offset, config, retry_base_ms=retry_base_ms, config_version=config_version)
 
     @property
     def state(self) -> ConversationState:
@@ -170,7 +158,7 @@ class LogReplay(TimelineReader):
         if trail is None:
             trail = self.trails[event.key] = ConversationTrail(key=event.key)
             trail.timeline.opener = self.opener
-        self.fold(trail, event, offset, partition)
+        self.fold(trail.timeline, event, offset, partition)
 
     def trail(self, key: str) -> ConversationTrail:
         return self.trails.get(key) or ConversationTrail(key=key)

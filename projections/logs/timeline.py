@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Literal
 
 from projections.fold import DEFAULT_RETRY_BASE_MS, Event, FoldResult, SingleEvent, fold_parts, wakeup_of
 from projections.inputs import ERASED, WITHHELD, decide_command, turn_input
@@ -381,10 +381,10 @@ class Timeline:
 
     def _opened(self, params: Decide) -> str:
         """The text a decide command carried: in clear (before issue 32), opened by the reader's key, or withheld."""
-        if params.text is not None and self.state.forgotten_ms is None:
-            return params.text
         if self.state.forgotten_ms is not None:
             return ERASED
+        if params.text is not None:
+            return params.text
         return self.opener(self.key, params) if self.opener is not None else WITHHELD
 
     def _input_text(self, run: Run) -> str:
@@ -442,20 +442,6 @@ def describe_outcome(o: TurnOutcome) -> str:
 # --- the log side ---
 
 
-class Applies(Protocol):
-    """What a reader folds a record into: a `Timeline`, or a view that keeps one."""
-
-    def apply(
-        self,
-        event: Event,
-        offset: int,
-        config: RouterConfig,
-        *,
-        retry_base_ms: int = DEFAULT_RETRY_BASE_MS,
-        config_version: str | None = None,
-    ) -> list[TurnOutcome]: ...
-
-
 class TimelineReader:
     """Records of `<app>.conversations` in offset order, each folded under the configuration its partition had.
 
@@ -501,7 +487,7 @@ class TimelineReader:
         assert self.config is not None
         return ConfigDocument.of(self.config, FoldSettings(retry_base_ms=self.retry_base_ms))
 
-    def fold(self, into: Applies, event: Event, offset: int, partition: int) -> list[TurnOutcome]:
+    def fold(self, into: Timeline, event: Event, offset: int, partition: int) -> list[TurnOutcome]:
         """Fold `event` (read at `offset` of `partition`) into a timeline; returns its turn outcomes."""
         document = self.in_force(partition)
         # a log from before configurations were events is folded as the worker did then: no version recorded

@@ -9,7 +9,7 @@ from tests.unit.test_fold_driver import Driver, decision, incoming
 def _replay(driver: Driver) -> ConversationTrail:
     trail = ConversationTrail(key="1:2")
     for offset, event in driver.log:
-        trail.apply(event, offset, driver.config, retry_base_ms=driver.retry_base_ms)
+        trail.timeline.apply(event, offset, driver.config, retry_base_ms=driver.retry_base_ms)
     return trail
 
 
@@ -42,7 +42,7 @@ def test_trail_counts_a_canned_reply_once_and_a_replay_is_idempotent() -> None:
     assert trail.replies_sent == 1
     # Applying the same log again (a redelivery) changes nothing.
     for offset, event in driver.log:
-        assert trail.apply(event, offset, driver.config) == []
+        assert trail.timeline.apply(event, offset, driver.config) == []
     assert trail.replies_sent == 1
     assert trail.state == driver.state
 
