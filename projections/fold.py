@@ -67,8 +67,9 @@ def fold(
 def _forgetting(state: ConversationState, event: Event, offset: int) -> FoldResult:
     """Issue 32: a forget request changes nothing here (the worker erases the key, then writes `Forgotten`);
     `Forgotten` ends whatever ran and holds the sealed fields (the run's turn read and fresh read) no more; after it
-    every record of the conversation is applied as nothing: it is never routed again."""
-    if isinstance(event, Forgotten) and state.forgotten_ms is None:
+    every record of the conversation is applied as nothing: it is never routed again. An erasure of scope `text`
+    (ROUTER_TEXT_RETENTION_DAYS) happens only between turns and changes nothing here: routing goes on."""
+    if isinstance(event, Forgotten) and event.scope == "conversation" and state.forgotten_ms is None:
         state = state.evolve(offset=offset, forgotten_ms=event.at_ms, job=None, run=None)
     else:
         state = state.evolve(offset=offset)

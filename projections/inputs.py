@@ -18,6 +18,7 @@ MAX_INPUT_UTF16 = 1600
 WITHHELD = "(withheld: sealed under the conversation's data key; docs/privacy.md)"
 """What a reader shows for a sealed input it cannot open (no key-encryption key given)."""
 ERASED = "(erased: the conversation was forgotten; docs/privacy.md)"
+TEXT_EXPIRED = "(erased: older than ROUTER_TEXT_RETENTION_DAYS; docs/privacy.md)"
 """What a reader shows for a sealed input whose data key was destroyed by `forget`."""
 
 

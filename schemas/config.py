@@ -448,15 +448,15 @@ def _env_int(low: int, high: int) -> Any:
     return BeforeValidator(check)
 
 
-def _env_seconds(low_exclusive: float, high: float) -> Any:
+def _env_seconds(low_exclusive: float, high: float, unit: str = "seconds") -> Any:
     def check(value: Any) -> float:
         if isinstance(value, str):
             value = value.strip()
             if not _DECIMAL.fullmatch(value):
-                raise ValueError(f"must be a number of seconds above {low_exclusive:g} and at most {high:g}")
+                raise ValueError(f"must be a number of {unit} above {low_exclusive:g} and at most {high:g}")
             value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float) or not low_exclusive < value <= high:
-            raise ValueError(f"must be a number of seconds above {low_exclusive:g} and at most {high:g}")
+            raise ValueError(f"must be a number of {unit} above {low_exclusive:g} and at most {high:g}")
         return float(value)
 
     return BeforeValidator(check)
@@ -521,6 +521,16 @@ class RouterEnv(BaseModel):
     # a finite retention of the event log (conversations, sweeps) chosen by the operator; unset: kept forever
     log_retention_ms: Annotated[int, _env_int(3_600_000, 315_360_000_000)] | None = Field(
         None, alias="ROUTER_LOG_RETENTION_MS"
+    )
+    # the erasure deadline (issue 32): `max.compaction.lag.ms` of `<app>.keys`, by when compaction has removed a
+    # forgotten conversation's old data key from every broker (projections/topic_settings.py); 1 s to 30 days
+    erasure_deadline_ms: Annotated[int, _env_int(1_000, 2_592_000_000)] = Field(
+        604_800_000, alias="ROUTER_ERASURE_DEADLINE_MS"
+    )
+    # issue 32: customer text is erased this many days after the last text sealed for its conversation (its last
+    # turn), the decisions kept (handlers/privacy/retention.py); unset: kept until `forget`
+    text_retention_days: Annotated[float, _env_seconds(0, 36_500, "days")] | None = Field(
+        None, alias="ROUTER_TEXT_RETENTION_DAYS"
     )
     # how old the fresh read a mutation depends on may be when a worker makes the mutation (DESIGN §6)
     fresh_read_ms: Annotated[int, _env_int(100, 600_000)] = Field(5000, alias="ROUTER_FRESH_READ_MS")

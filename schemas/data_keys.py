@@ -8,6 +8,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+EraseScope = Literal["conversation", "text"]
+"""The whole conversation (never routed again), or only the text sealed so far (schemas/records.py ForgetScope)."""
+
 
 class _KeyRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -26,15 +29,32 @@ class WrappedDataKey(_KeyRecord):
     contact_id: int | None = Field(
         default=None, description="the Chatwoot contact the conversation belongs to, an id only (`forget --contact`)"
     )
+    used_ms: int | None = Field(
+        default=None,
+        exclude_if=lambda at: at is None,
+        description="when a text was last sealed under it (kept only with ROUTER_TEXT_RETENTION_DAYS, at most "
+        "`TOUCH_EVERY_MS` stale): the retention counts from it",
+    )
+
+    @property
+    def last_used_ms(self) -> int:
+        return self.used_ms if self.used_ms is not None else self.created_ms
 
 
 class ErasedKey(_KeyRecord):
     """The erasure fence: the conversation was forgotten, its data key destroyed; no key is ever made for it
-    again, so nothing of it is sealed or routed after this."""
+    again, so nothing of it is sealed or routed after this. With scope `text` (ROUTER_TEXT_RETENTION_DAYS) only
+    the key is destroyed: what was sealed under it is gone, and a new key is made when the customer writes again."""
 
     type: Literal["erased"] = "erased"
     at_ms: int
     reason: str = Field(description="the operator's reason, or `conversation_missing` / `text_retention`")
+    scope: EraseScope = Field(default="conversation", exclude_if=lambda s: s == "conversation")
+    request_id: str | None = Field(
+        default=None,
+        exclude_if=lambda r: r is None,
+        description="the request it answers: a request delivered again after a crash writes its proof again",
+    )
 
 
 KeyRecord = Annotated[WrappedDataKey | ErasedKey, Field(discriminator="type")]

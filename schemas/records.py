@@ -53,15 +53,27 @@ class WebhookReceived(Record):
 # --- other events on `<app>.conversations` ---
 
 
+ForgetScope = Literal["conversation", "text"]
+"""What an erasure destroys (issue 32): the whole conversation (`forget`, or Chatwoot deleted it: never routed
+again), or only the text sealed so far (ROUTER_TEXT_RETENTION_DAYS: the decisions stay, routing goes on, and what
+the customer writes next is sealed under a new data key)."""
+
+
+def _whole(scope: str) -> bool:
+    return scope == "conversation"
+
+
 class ForgetRequested(Record):
     """`chatwoot-router forget` asks the worker that owns the conversation to erase it (issue 32): destroy its data
-    key (the erasure fence on `<app>.keys`), then write `Forgotten`. No personal data: ids, a reason, a request id."""
+    key (the erasure fence on `<app>.keys`), then write `Forgotten`. No personal data: ids, a reason, a request id.
+    The worker itself asks for scope `text` when a conversation's text outlived ROUTER_TEXT_RETENTION_DAYS."""
 
     type: Literal["forget_requested"] = "forget_requested"
     account_id: int
     conversation_id: int
     reason: str = Field(max_length=200, description="why, in the operator's words (no personal data)")
     request_id: str = Field(description="names the request; its `Forgotten` record carries it back")
+    scope: ForgetScope = Field(default="conversation", exclude_if=_whole, description="what is erased (ForgetScope)")
 
     @property
     def key(self) -> str:
@@ -78,11 +90,15 @@ class Forgotten(Record):
     conversation_id: int
     reason: str
     request_id: str | None = Field(default=None, description="the `forget` request it answers; None if automatic")
+    scope: ForgetScope = Field(
+        default="conversation",
+        exclude_if=_whole,
+        description="`text`: only the text sealed before it is erased, and the conversation is still routed",
+    )
 
     @property
     def key(self) -> str:
         return conversation_key(self.account_id, self.conversation_id)
-
 
 
 class SweepFound(Record):

@@ -6,6 +6,10 @@ is made once: a new key is written in the conversation's partition and acknowled
 before anything sealed under it leaves the worker; a worker that dies before that leaves no ciphertext behind,
 and the next owner makes the key again. After `forget`, the table holds the erasure fence instead, and no key is
 ever made for that conversation again.
+
+With ROUTER_TEXT_RETENTION_DAYS the ring also keeps when each key last sealed a text (`used_ms`, written again at
+most every `touch_every_ms`), and `expire_text` destroys a key whose text outlived the retention: the fence then
+has scope `text`, and the conversation's next text is sealed under a new key.
 """
 
 from __future__ import annotations
@@ -13,13 +17,13 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from typing import Protocol
 
 from handlers.privacy.envelope import KEY_BYTES, DataKey, KeyEncryptionKey
 from handlers.privacy.kek import KeyEncryptionKeys
 from handlers.worker.ports import MemoryTable, PartitionScope, Table, any_partition
-from schemas.data_keys import KEY_RECORD, ErasedKey, WrappedDataKey
+from schemas.data_keys import KEY_RECORD, ErasedKey, EraseScope, WrappedDataKey
 
 CACHED_KEYS = 4096
 
@@ -51,61 +55,108 @@ class TableKeyRing:
         before_write: Callable[[], None] | None = None,
         durable: Callable[[], Awaitable[None]] | None = None,
         now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        touch_every_ms: int | None = None,
     ) -> None:
         self.table = table
+        self.touch_every_ms = touch_every_ms
         self.keks = keks
         self.partition_of = partition_of
         self.scope = scope
         self.before_write = before_write
         self.durable = durable
         self.now_ms = now_ms
-        self._cache: OrderedDict[str, DataKey] = OrderedDict()
+        # conversation -> (its data key, when the table last said it was used)
+        self._cache: OrderedDict[str, tuple[DataKey, int]] = OrderedDict()
+
+    def record(self, conversation: str) -> WrappedDataKey | ErasedKey | None:
+        raw = self.table.get(conversation)
+        return None if raw is None else KEY_RECORD.validate_python(raw)
 
     def known(self, conversation: str) -> DataKey | None:
+        """The conversation's data key; None when it has none (or its text expired); `Forgotten` after erasure."""
+        cached = self._cached(conversation)
+        return cached[0] if cached is not None else None
+
+    def _cached(self, conversation: str) -> tuple[DataKey, int] | None:
         cached = self._cache.get(conversation)
         if cached is not None:
             self._cache.move_to_end(conversation)
             return cached
-        raw = self.table.get(conversation)
-        if raw is None:
+        record = self.record(conversation)
+        if record is None:
             return None
-        record = KEY_RECORD.validate_python(raw)
         if isinstance(record, ErasedKey):
+            if record.scope == "text":
+                return None  # its text expired: the next one is sealed under a new key
             raise Forgotten(conversation)
         key = self.keks.unwrap(record.kek_id, record.wrapped, conversation)
-        self._remember(key)
-        return key
+        return self._remember(key, record.last_used_ms)
 
     async def key_for(self, conversation: str, contact_id: int | None = None) -> DataKey:
-        key = self.known(conversation)
-        if key is not None:
+        """The key to seal the conversation's texts under now, made (and durable) first if it has none."""
+        cached = self._cached(conversation)
+        if cached is not None:
+            key, used_ms = cached
+            if self.touch_every_ms is not None and self.now_ms() - used_ms >= self.touch_every_ms:
+                self._touch(conversation)  # the retention counts from here (lost in a crash: counted from before)
             return key
         key = DataKey.new(conversation)
         current: KeyEncryptionKey = self.keks.current
+        now = self.now_ms()
         record = WrappedDataKey(
             key=conversation,
             kek_id=current.kek_id,
             wrapped=current.wrap(key),
-            created_ms=self.now_ms(),
+            created_ms=now,
             contact_id=contact_id,
         )
-        if self.before_write is not None:
-            self.before_write()  # a worker that may have lost the partition writes no key (the fence)
-        with self.scope(self.partition_of(conversation)):
-            self.table.set(conversation, record.model_dump(mode="json"))
+        self._write(conversation, record)  # a worker that may have lost the partition writes no key (the fence)
         if self.durable is not None:
             await self.durable()  # acknowledged before anything sealed under it can leave the worker
-        self._remember(key)
+        self._remember(key, now)
         return key
 
-    def erase(self, conversation: str, at_ms: int, reason: str) -> None:
-        """Replace the conversation's key with the erasure fence (the caller waits at the barrier)."""
-        self._cache.pop(conversation, None)
-        fence = ErasedKey(key=conversation, at_ms=at_ms, reason=reason)
+    def _touch(self, conversation: str) -> None:
+        record = self.record(conversation)
+        if not isinstance(record, WrappedDataKey):
+            return
+        now = self.now_ms()
+        self._write(conversation, record.model_copy(update={"used_ms": now}))
+        cached = self._cache.get(conversation)
+        if cached is not None:
+            self._cache[conversation] = (cached[0], now)
+
+    def _write(self, conversation: str, record: WrappedDataKey | ErasedKey) -> None:
         if self.before_write is not None:
             self.before_write()
         with self.scope(self.partition_of(conversation)):
-            self.table.set(conversation, fence.model_dump(mode="json"))
+            self.table.set(conversation, record.model_dump(mode="json"))
+
+    def erase(
+        self,
+        conversation: str,
+        at_ms: int,
+        reason: str,
+        *,
+        scope: EraseScope = "conversation",
+        request_id: str | None = None,
+    ) -> None:
+        """Replace the conversation's key with the erasure fence (the caller waits at the barrier)."""
+        self._cache.pop(conversation, None)
+        fence = ErasedKey(key=conversation, at_ms=at_ms, reason=reason, scope=scope, request_id=request_id)
+        self._write(conversation, fence)
+
+    def text_outlived(self, conversation: str, cutoff_ms: int) -> bool:
+        """The conversation has a data key last used at or before `cutoff_ms` (ROUTER_TEXT_RETENTION_DAYS)."""
+        record = self.record(conversation)
+        return isinstance(record, WrappedDataKey) and record.last_used_ms <= cutoff_ms
+
+    def used_times(self, owned: Collection[int]) -> Iterator[tuple[str, int]]:
+        """Each data key of the `owned` partitions, with when it last sealed a text (the retention's scan)."""
+        for conversation, raw in self.table.items():
+            record = KEY_RECORD.validate_python(raw)
+            if isinstance(record, WrappedDataKey) and self.partition_of(conversation) in owned:
+                yield conversation, record.last_used_ms
 
     async def rewrap_retired(self, owned: Collection[int], limit: int = 1000) -> int:
         """Wrap again under the current KEK up to `limit` data keys of the `owned` partitions that a retired KEK
@@ -123,10 +174,7 @@ class TableKeyRing:
                 continue
             key = self.keks.unwrap(record.kek_id, record.wrapped, conversation)
             again = record.model_copy(update={"kek_id": current.kek_id, "wrapped": current.wrap(key)})
-            if self.before_write is not None:
-                self.before_write()
-            with self.scope(partition):
-                self.table.set(conversation, again.model_dump(mode="json"))
+            self._write(conversation, again)
             done += 1
         if done and self.durable is not None:
             await self.durable()
@@ -136,10 +184,11 @@ class TableKeyRing:
         """At a rebalance: keys of partitions that moved are read again from the table when next needed."""
         self._cache.clear()
 
-    def _remember(self, key: DataKey) -> None:
-        self._cache[key.conversation] = key
+    def _remember(self, key: DataKey, used_ms: int) -> tuple[DataKey, int]:
+        self._cache[key.conversation] = entry = (key, used_ms)
         while len(self._cache) > CACHED_KEYS:
             self._cache.popitem(last=False)
+        return entry
 
 
 def memory_keyring(keks: KeyEncryptionKeys | None = None) -> TableKeyRing:

@@ -47,7 +47,8 @@ class ReaderKeys:
         self._opened.pop(record.key, None)
         if isinstance(record, ErasedKey):
             self.keys.pop(record.key, None)
-            self.erased[record.key] = record
+            if record.scope == "conversation":  # `text`: only what was sealed before it is gone (the log says so)
+                self.erased[record.key] = record
         else:
             self.erased.pop(record.key, None)
             self.keys[record.key] = record
@@ -81,6 +82,7 @@ class ReaderKeys:
         if opened is not None:
             return opened
         return ERASED if conversation in self.erased else WITHHELD
+
 
 async def read_reader_keys(
     bootstrap: str, app_id: str, only: Iterable[str] | None = None, *, partitions: Collection[int] | None = None

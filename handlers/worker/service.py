@@ -46,6 +46,7 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from handlers.privacy.keyring import TableKeyRing
+from handlers.privacy.retention import TextRetention
 from handlers.worker.barrier import BarrierBroken
 from handlers.worker.catch_up import CatchUp
 from handlers.worker.chatwoot_gate import ChatwootGate
@@ -56,6 +57,7 @@ from handlers.worker.partition_reader import RangeNotRead
 from handlers.worker.ports import TP, Executor, GapReader, PartitionScope, Sink, SourceRecord, Table, any_partition
 from handlers.worker.state_cache import ModelCache
 from handlers.worker.timers import Timers
+from projections.fold import Event, parts_of
 from projections.worker.admission import Attempt, admit, changed_since_read, needs_attempt_record, read_is_fresh
 from projections.worker.offsets import OffsetTracker
 from projections.worker.steps import Step, conversation_step, sweep_step
@@ -70,6 +72,7 @@ from schemas.codec import (
     encode,
 )
 from schemas.configs import ConfigBook, ConfigDocument
+from schemas.data_keys import ErasedKey, WrappedDataKey
 from schemas.keys import SWEEP_STATUSES, conversation_key_of, is_conversation_key, partition_slot
 from schemas.records import (
     CONVERSATION_READS,
@@ -151,6 +154,7 @@ class WorkerService:
         source_topics: Collection[str] | None = None,
         gate: ChatwootGate | None = None,
         keyring: TableKeyRing | None = None,
+        text_retention_ms: int | None = None,
     ) -> None:
         self.tables = tables
         self.sink = sink
@@ -168,6 +172,10 @@ class WorkerService:
         # nothing is run against a Chatwoot too old for the router, or whose version is unknown (issue 30)
         self.gate = gate or ChatwootGate.always_open()
         self.keyring = keyring  # the data keys (issue 32): `forget` replaces one with the erasure fence
+        # ROUTER_TEXT_RETENTION_DAYS: which conversations' text to erase (None: text is kept until `forget`)
+        self.retention = (
+            TextRetention(keyring, text_retention_ms) if keyring is not None and text_retention_ms is not None else None
+        )
         # the topics whose offsets the service owns (None: every committed topic is one)
         self.source_topics = frozenset(source_topics) if source_topics is not None else None
         # tells this process's commands from those of a dead or departed one
@@ -470,16 +478,69 @@ class WorkerService:
         )
         for outcome in step.outcomes:
             report_turn(self.metrics, outcome)
-        if isinstance(event, ForgetRequested) and not getattr(step.state, "forgotten_ms", None):
-            await self.erase(key, event.reason, event.request_id)
-        elif (
-            source == "conversations"
-            and self.keyring is not None
-            and any(o.reason in ("conversation_deleted", "conversation_missing") for o in step.outcomes)
-        ):
+        if isinstance(event, ForgetRequested):
+            if event.scope == "text":
+                await self.expire_text(event, step.state)
+            elif not getattr(step.state, "forgotten_ms", None):
+                await self.erase(key, event.reason, event.request_id)
+        elif source == "conversations" and self.says_missing(key, event, step, redelivered):
             # Chatwoot says the conversation no longer exists (§10.3; a contact deleted with its conversations
             # sends no webhook): nothing of it is kept readable (issue 32, automatic erasure)
             await self.erase(key, "conversation_missing", None)
+
+    def says_missing(self, key: str, event: Event, step: Step, redelivered: bool) -> bool:
+        """The record ends the conversation's run because Chatwoot answered that it does not exist; or, delivered
+        again after a crash, answered so while the conversation's key still lives (the crash came before the
+        erasure was durable: the fold applied the record then, and finds nothing to do now)."""
+        if self.keyring is None:
+            return False
+        if any(o.reason in ("conversation_deleted", "conversation_missing") for o in step.outcomes):
+            return True
+        if not redelivered:
+            return False
+        missing = any(
+            isinstance(part, EffectOutcome) and part.error is not None and part.error.kind == "missing"
+            for part in parts_of(event)
+        )
+        return missing and isinstance(self.keyring.record(key), WrappedDataKey)
+
+    async def expire_text(self, request: ForgetRequested, state: object) -> None:
+        """ROUTER_TEXT_RETENTION_DAYS (handlers/privacy/retention.py): destroy the key of a conversation whose text
+        outlived the retention, if it still has (it may have started a turn since the scan asked), then write the
+        proof. Delivered again after a crash that came between the fence and the proof, the proof is written again."""
+        key = request.key
+        if self.keyring is None or self.retention is None:
+            log.info("text retention not applied: this worker keeps text forever", extra={"key": key})
+            return
+        now = self.now_ms()
+        record = self.keyring.record(key)
+        again = isinstance(record, ErasedKey) and record.request_id == request.request_id
+        if not again:
+            if not self.retention.due(key, state if isinstance(state, ConversationState) else None, now):
+                log.info("text retention not applied: the conversation was active since", extra={"key": key})
+                return
+            self.keyring.erase(key, now, request.reason, scope="text", request_id=request.request_id)
+        proof = Forgotten(
+            at_ms=now,
+            account_id=request.account_id,
+            conversation_id=request.conversation_id,
+            reason=request.reason,
+            request_id=request.request_id,
+            scope="text",
+        )
+        await self.send("conversations", key, proof)
+        await self.commit_cache()  # the fence and the proof acknowledged, or the worker stops
+        log.info("conversation text erased", extra={"key": key, "reason": request.reason})
+
+    async def request_text_expiry(self, owned: Collection[int]) -> int:
+        """Write a `ForgetRequested` of scope `text` for each idle conversation of `owned` partitions whose text
+        outlived ROUTER_TEXT_RETENTION_DAYS (a batch per call); returns how many."""
+        if self.retention is None:
+            return 0
+        requests = await self.retention.requests(owned, self.states.get, self.now_ms())
+        for request in requests:
+            await self.send("conversations", request.key, request)
+        return len(requests)
 
     async def erase(self, key: str, reason: str, request_id: str | None) -> None:
         """Issue 32: destroy the conversation's data key (the erasure fence replaces it on `<app>.keys`), drop

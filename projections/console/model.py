@@ -103,6 +103,8 @@ def mark_of(entry: Entry) -> Mark | None:
         if isinstance(event, ForgetRequested):
             return Mark(at, "router", "forget requested", event.reason, "warn", seq=seq)
         if isinstance(event, Forgotten):
+            if event.scope == "text":
+                return Mark(at, "router", "text erased", f"{event.reason}: the text so far is erased", seq=seq)
             return Mark(at, "router", "forgotten", f"{event.reason}: text and contact data erased", "warn", seq=seq)
         what = "resume after a partition move" if event.resume else "timer fired"
         return Mark(at, "timers", what, f"due {event.due_ms}", seq=seq)

@@ -52,7 +52,6 @@ class ConversationTrail:
     def __post_init__(self) -> None:
         self.timeline = Timeline(key=self.key)
 
-
     @property
     def state(self) -> ConversationState:
         return self.timeline.state
@@ -117,6 +116,8 @@ def trail_line(entry: Entry) -> TrailEntry | None:
 def _arrived(at_ms: int, event: WebhookReceived | SweepFound | TimerFired | ForgetRequested | Forgotten) -> TrailEntry:
     if isinstance(event, ForgetRequested):
         return TrailEntry(at_ms, "forget requested", event.reason)
+    if isinstance(event, Forgotten) and event.scope == "text":
+        return TrailEntry(at_ms, "text erased", f"{event.reason}; its text so far is erased, its decisions kept")
     if isinstance(event, Forgotten):
         return TrailEntry(at_ms, "forgotten", f"{event.reason}; its text and contact data are erased (issue 32)")
     if isinstance(event, WebhookReceived):

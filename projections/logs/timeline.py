@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from projections.fold import DEFAULT_RETRY_BASE_MS, Event, FoldResult, SingleEvent, fold_parts, wakeup_of
-from projections.inputs import ERASED, WITHHELD, decide_command, turn_input
+from projections.inputs import ERASED, TEXT_EXPIRED, WITHHELD, decide_command, turn_input
 from projections.logs.scan import conversation_scan
 from projections.logs.versions import PartitionVersions
 from schemas.config import RouterConfig
@@ -65,11 +65,11 @@ QUIET_RESULTS = ("nothing", "deferred", "retry")
 # --- what a timeline is made of ---
 
 
-
 def waited(ms: int) -> str:
     """A wait for people: "12 s", "3 min 5 s"."""
     seconds = round(ms / 1000)
     return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
+
 
 @dataclass
 class Call:
@@ -258,7 +258,7 @@ class Timeline:
         else:
             self._add(Arrived(event.at_ms, self._next_seq(), event))
             if isinstance(event, Forgotten):
-                self._erase()
+                self._erase(whole=event.scope == "conversation")
         started = result.state.runs if result.state.runs > before.runs else None
         for outcome in result.outcomes:  # a run that ends here, and perhaps the next one that starts at once
             if outcome.run == started:
@@ -368,16 +368,19 @@ class Timeline:
         self.decisions.append(card)
         self._add(Decided(event.at_ms, self._next_seq(), card))
 
-    def _erase(self) -> None:
+    def _erase(self, *, whole: bool) -> None:
         """The conversation was forgotten (issue 32): what this reader holds of its text goes too, the decisions
-        and everything else stay."""
-        self.inputs = dict.fromkeys(self.inputs, ERASED)
-        self.decisions = [replace(card, input_text=ERASED) for card in self.decisions]
+        and everything else stay. Only its text so far, when `whole` is False (ROUTER_TEXT_RETENTION_DAYS): what
+        comes after is sealed under a new key and opened as before."""
+        shown = ERASED if whole else TEXT_EXPIRED
+        self.inputs = dict.fromkeys(self.inputs, shown)
+        self.decisions = [replace(card, input_text=shown) for card in self.decisions]
         self.entries = [
-            replace(entry, card=replace(entry.card, input_text=ERASED)) if isinstance(entry, Decided) else entry
+            replace(entry, card=replace(entry.card, input_text=shown)) if isinstance(entry, Decided) else entry
             for entry in self.entries
         ]
-        self.opener = None
+        if whole:
+            self.opener = None
 
     def _opened(self, params: Decide) -> str:
         """The text a decide command carried: in clear (before issue 32), opened by the reader's key, or withheld."""

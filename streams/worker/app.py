@@ -43,6 +43,7 @@ from handlers.kafka.security import auth_reason, faust_credentials
 from handlers.kafka.topics import TABLES
 from handlers.privacy.kek import KeyEncryptionKeys, require_keks
 from handlers.privacy.keyring import TableKeyRing
+from handlers.privacy.retention import retention_ms, scan_every_s, touch_every_ms
 from handlers.worker.barrier import Barrier
 from handlers.worker.chatwoot_gate import ChatwootGate
 from handlers.worker.effects import EffectExecutor
@@ -185,6 +186,7 @@ class WorkerApp:
         )
         self._state_table = tables[TABLES[0]]
         self._scope_checked = False
+        self._text_retention_ms = retention_ms(env.text_retention_days)
         states, sweep_states, timers, effect_attempts, partition_configs = (FaustTable(tables[n]) for n in TABLES)
         self.keyring = TableKeyRing(
             FaustTable(self._keys_table),
@@ -193,6 +195,7 @@ class WorkerApp:
             scope=FaustPartitionScope(self.topics["conversations"].get_topic_name()),
             before_write=lambda: self.service.check_fence("a data key"),
             durable=lambda: self.service.keys_durable(),
+            touch_every_ms=touch_every_ms(self._text_retention_ms),
         )
         chatwoot_url = settings.config.chatwoot.base_url
         self._chatwoot_api = settings.config.chatwoot.api_base
@@ -222,6 +225,7 @@ class WorkerApp:
             source_topics=self._source_topics(),
             gate=self.gate,
             keyring=self.keyring,
+            text_retention_ms=self._text_retention_ms,
         )
         set_pre_commit(self.app, self.service.before_offsets_commit)  # streams/worker/transport.py
         set_on_expelled(self.app, self.fence.expelled)  # a refused commit: no more writes, the beat stops the worker
@@ -252,6 +256,7 @@ class WorkerApp:
         app.task(self.watch_group_right)
         app.task(self.beat_forever)
         app.task(self.rewrap_forever)
+        app.task(self.expire_text_forever)
         app.task(self.gate.run)  # handlers/worker/chatwoot_gate.py: Chatwoot's version, at start and every 5 min
 
         worker = self
@@ -457,6 +462,21 @@ class WorkerApp:
                 if done:
                     log.info("data keys wrapped again under the current key-encryption key", extra={"count": done})
             await asyncio.sleep(REWRAP_EVERY_S)
+
+    async def expire_text_forever(self) -> None:
+        """With ROUTER_TEXT_RETENTION_DAYS, ask for the erasure of the text that outlived it in the partitions this
+        worker owns (handlers/privacy/retention.py), a batch at a time; the log says how many."""
+        retention = self._text_retention_ms
+        if retention is None:
+            return
+        await self._recovery.completed.wait()
+        while True:
+            owned = self.owned_partitions() if self.ready() else frozenset()
+            if owned:
+                asked = await self.service.request_text_expiry(owned)
+                if asked:
+                    log.info("text past its retention: erasure requested", extra={"count": asked})
+            await asyncio.sleep(scan_every_s(retention))
 
     async def leader_sweeps(self) -> None:
         """On start and every ROUTER_SWEEP_INTERVAL_S, the leader requests a pass per account and status."""

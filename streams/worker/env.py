@@ -32,6 +32,7 @@ class WorkerEnv:
     commit_interval_ms: int = 2800  # ROUTER_COMMIT_INTERVAL_MS: write cache and offsets at least this often
     chatwoot_version: str | None = None  # ROUTER_CHATWOOT_VERSION: stated when a proxy hides GET /api
     chatwoot_requests_per_min: int = 2400  # ROUTER_CHATWOOT_REQUESTS_PER_MIN: the group's, split by partitions
+    text_retention_days: float | None = None  # ROUTER_TEXT_RETENTION_DAYS: None keeps text until `forget`
 
     def topic(self, name: str) -> str:
         """`<app>.<name>`: conversations, effects, sweeps, dlq."""
@@ -52,6 +53,7 @@ class WorkerEnv:
             commit_interval_ms=env.commit_interval_ms,
             chatwoot_version=env.chatwoot_version,
             chatwoot_requests_per_min=env.chatwoot_requests_per_min,
+            text_retention_days=env.text_retention_days,
         )
 
 
