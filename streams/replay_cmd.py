@@ -3,7 +3,9 @@
 `replay state [--to-app NEW] [--accept-partial-history] [--jobs N]` rebuilds the router's tables from the event
 log with the current fold, without executing any effect (handlers/logs/state_rebuild.py; the cut-over procedure is in
 README), one partition per process, `--jobs` at a time. A log that lost records from its head is refused (exit 2,
-naming the partitions and how many records are gone) unless `--accept-partial-history`.
+naming the partitions and how many records are gone) unless `--accept-partial-history`. `--to-app` copies the data
+keys too, and seals what a log written before sealing holds in clear (that needs ROUTER_KEY_ENCRYPTION_KEY: without
+it the copy stops at the first such field, exit 1, one line; docs/privacy.md "Logs written before sealing").
 
 `replay dlq` re-publishes dead-lettered records to their source topic once their cause is fixed.
 
@@ -115,6 +117,7 @@ def replay_state(
     from handlers.kafka.retry import KafkaUnusable, print_waiting, retrying
     from handlers.kafka.topics import log_topic_findings
     from handlers.logging_setup import configure_logging
+    from handlers.logs.key_copy import KekNeeded
     from handlers.logs.shards import ShardFailed
     from handlers.logs.state_rebuild import PartialHistoryRefused, RebuildRefused, Summary, rebuild
 
@@ -139,7 +142,7 @@ def replay_state(
     except PartialHistoryRefused as exc:
         print(f"chatwoot-router replay state: refused: {exc}", file=sys.stderr)
         return 2
-    except (RebuildRefused, LookupError, KafkaUnusable, ShardFailed) as exc:
+    except (RebuildRefused, KekNeeded, LookupError, KafkaUnusable, ShardFailed) as exc:
         print(f"chatwoot-router replay state: {exc}", file=sys.stderr)
         return 1
     except (KafkaError, OSError) as exc:
@@ -150,8 +153,9 @@ def replay_state(
     if summary.history is not None and summary.history.is_partial:
         print(f"chatwoot-router replay state: rebuilt from a partial history: {summary.history.describe()}")
     where = f"into {to_app}" if to_app else "in place"
+    keys = f"{summary.keys_written} data keys written, {summary.sealed} records sealed, " if to_app else ""
     print(
-        f"rebuilt {app_id} {where}: {summary.copied} records copied, {summary.records} records folded, "
+        f"rebuilt {app_id} {where}: {summary.copied} records copied, {keys}{summary.records} records folded, "
         f"{summary.conversations} conversations, {summary.runs_in_flight} runs in flight, "
         f"{summary.undecodable} undecodable, {summary.seconds:.1f} s ({summary.jobs} job(s))"
     )

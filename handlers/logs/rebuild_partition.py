@@ -9,14 +9,16 @@ and the table values written are the same each time.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
 
 from handlers.kafka.topic_io import durable_producer
 from handlers.kafka.topics import changelog_topic
+from handlers.logs.key_copy import PartitionKeys
 from handlers.logs.reader import Progress, Records, Share, Span, batches, key_shares, log_consumer, plan, read
+from handlers.privacy.kek import load_keks
 from projections.logs.rebuild import TableBuilder
 from schemas.configs import ConfigBook
 from schemas.records import HISTORY_MISSING_HEADER
@@ -24,6 +26,7 @@ from schemas.records import HISTORY_MISSING_HEADER
 SOURCE_TOPICS = ("conversations", "sweeps")
 REBUILT_TABLES = ("conversation_state", "sweep_state", "timers", "partition_configs")
 Feed = Callable[[bytes | None, int, int], None]
+Values = Callable[[Records], Awaitable[list[bytes | None]]]
 IN_FLIGHT = 20_000  # sends awaited together: bounded memory, and the producer still batches
 BATCH_BYTES = 1024 * 1024  # a copy produces a lot at once: large batches, a short linger
 
@@ -47,6 +50,8 @@ class PartitionRebuilt:
     conversations: int
     runs_in_flight: int
     undecodable: int
+    keys_written: int = 0
+    sealed: int = 0
 
 
 async def rebuild_partition(job: RebuildJob, partition: int, progress: Progress) -> PartitionRebuilt:
@@ -55,10 +60,14 @@ async def rebuild_partition(job: RebuildJob, partition: int, progress: Progress)
     next pass starts, so memory holds about the same number of states however long the history is."""
     copied = 0
     async with durable_producer(job.bootstrap, linger_ms=20, max_batch_size=BATCH_BYTES) as producer:
-        if job.copy:
+        keks = load_keks() if job.copy else None  # only sealing on the way needs it
+        keys = PartitionKeys(job.bootstrap, job.source_app, job.target_app, partition, producer, keks)
+        if job.copy:  # the data keys go first, and each key a sealed record needs before it (handlers/logs/key_copy)
+            await keys.start()
             for name in SOURCE_TOPICS:
                 source, target = f"{job.source_app}.{name}", f"{job.target_app}.{name}"
-                copied += await copy_partition(job.bootstrap, source, target, partition, producer, progress)
+                values = keys.values if name == "conversations" else None
+                copied += await copy_partition(job.bootstrap, source, target, partition, producer, progress, values)
         spans = {name: await _spans(job.bootstrap, f"{job.target_app}.{name}", partition) for name in SOURCE_TOPICS}
         written: dict[str, set[bytes]] = {}
         records = conversations = in_flight = undecodable = 0
@@ -80,7 +89,7 @@ async def rebuild_partition(job: RebuildJob, partition: int, progress: Progress)
             del builder, fold  # this pass's states go before the next pass folds its own
         if job.delete_stale:
             await delete_stale(job.bootstrap, job.target_app, producer, partition, written)
-    return PartitionRebuilt(copied, records, conversations, in_flight, undecodable)
+    return PartitionRebuilt(copied, records, conversations, in_flight, undecodable, keys.written, keys.sealed)
 
 
 def passes(records: int) -> int:
@@ -96,11 +105,18 @@ async def _spans(bootstrap: str, topic: str, partition: int) -> tuple[Span, ...]
 
 
 async def copy_partition(
-    bootstrap: str, source: str, target: str, partition: int, producer: AIOKafkaProducer, progress: Progress
+    bootstrap: str,
+    source: str,
+    target: str,
+    partition: int,
+    producer: AIOKafkaProducer,
+    progress: Progress,
+    values: Values | None = None,
 ) -> int:
     """Append to `target`'s partition what it lacks of `source`'s (a resumed copy skips the records already there),
-    reading and producing batch by batch, each record with its key, headers and time. The copy starts at offset 0,
-    so when the source lost records from its head, the first record copied says how many (`missing_header`)."""
+    reading and producing batch by batch, each record with its key, headers and time, and its value as `values`
+    gives it for the batch (the same bytes without it). The copy starts at offset 0, so when the source lost records
+    from its head, the first record copied says how many (`missing_header`)."""
     try:
         source_plan = await plan(bootstrap, source, partitions=[partition])
     except LookupError:
@@ -113,14 +129,15 @@ async def copy_partition(
     pending: list[asyncio.Future[object]] = []
     async with log_consumer(bootstrap) as consumer:
         async for batch in batches(consumer, span, progress=progress):
-            for record in batch:
+            copied_values = await values(batch) if values is not None else [record.value for record in batch]
+            for record, value in zip(batch, copied_values, strict=True):
                 headers = list(record.headers)
                 if already == 0 and copied == 0 and head.missing:
                     headers = missing_header(headers, head.missing)
                 pending.append(
                     await producer.send(
                         target,
-                        value=record.value,
+                        value=value,
                         key=record.key,
                         partition=partition,
                         timestamp_ms=record.timestamp,

@@ -2,10 +2,11 @@
 
 Blue/green (`to_app`): the old app's `conversations` and `sweeps` are copied, partition by partition and in
 order, into the new app's topics (resuming where an interrupted copy stopped), the configuration documents
-with them; the new topics are then folded with the current code and the resulting table values are written to
-the new app's changelog topics; last, the new consumer group's offsets are set to the end of what was folded
-(and of `effects`, so no command is ever consumed from before the rebuild). A worker started with the new app
-id recovers exactly this state and resumes the runs that were waiting for an outcome.
+with them, and the data keys of `<old>.keys` with each partition (what an older log holds in clear is sealed on
+the way: handlers/logs/key_copy.py); the new topics are then folded with the current code and the resulting table
+values are written to the new app's changelog topics; last, the new consumer group's offsets are set to the end of
+what was folded (and of `effects`, so no command is ever consumed from before the rebuild). A worker started with
+the new app id recovers exactly this state and resumes the runs that were waiting for an outcome.
 
 In place: the same fold over the app's own topics, written over its own changelogs (keys no longer produced are
 deleted), with the app's group offsets moved to the end. Both refuse while a worker of the target group runs.
@@ -34,6 +35,7 @@ from handlers.logs.progress import ReadProgress
 from handlers.logs.reader import plan
 from handlers.logs.rebuild_partition import SOURCE_TOPICS, PartitionRebuilt, RebuildJob, passes, rebuild_partition
 from handlers.logs.shards import jobs_for, run_sharded
+from handlers.privacy.kek import load_keks
 from projections.logs.scan import History
 
 
@@ -62,6 +64,8 @@ class Summary:
     seconds: float
     history: History | None = None
     jobs: int = 1
+    keys_written: int = 0
+    sealed: int = 0
 
 
 async def live_members(bootstrap: str, group: str) -> int:
@@ -144,6 +148,7 @@ async def rebuild(
         raise PartialHistoryRefused(history)
     copied = 0
     if to_app is not None:
+        load_keks()  # a bad ROUTER_KEY_ENCRYPTION_KEY is refused now, in one line (ConfigError), not in each process
         partitions = len(await topic_partitions(bootstrap, f"{app_id}.conversations"))
         await ensure_app_topics(bootstrap, to_app, partitions, log_retention_ms=log_retention_ms)
         async with durable_producer(bootstrap) as producer:
@@ -176,6 +181,8 @@ async def rebuild(
         seconds=time.monotonic() - started,
         history=history,
         jobs=jobs,
+        keys_written=sum(p.keys_written for p in parts),
+        sealed=sum(p.sealed for p in parts),
     )
 
 

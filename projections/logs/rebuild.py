@@ -94,14 +94,15 @@ class TableBuilder:
         """`tables()` as changelog records, (JSON key, partition, JSON value), the way Faust writes them."""
 
         def rows(values: dict[str, tuple[int, Any]]) -> list[tuple[bytes, int, bytes]]:
-            return [(_json_key(k), p, json.dumps(v).encode()) for k, (p, v) in values.items()]
+            return [(changelog_key(k), p, json.dumps(v).encode()) for k, (p, v) in values.items()]
 
         return {
             "conversation_state": [
-                (_json_key(k), self.partition_of[k], s.model_dump_json().encode()) for k, s in self.states.items()
+                (changelog_key(k), self.partition_of[k], s.model_dump_json().encode()) for k, s in self.states.items()
             ],
             "sweep_state": [
-                (_json_key(k), self.partition_of[k], s.model_dump_json().encode()) for k, s in self.sweep_states.items()
+                (changelog_key(k), self.partition_of[k], s.model_dump_json().encode())
+                for k, s in self.sweep_states.items()
             ],
             "timers": rows(self._timers()),
             "partition_configs": rows(self._versions()),
@@ -122,6 +123,6 @@ class TableBuilder:
         return {slot: (parse_partition_slot(slot)[1], version) for slot, version in slots.items()}
 
 
-def _json_key(key: str) -> bytes:
+def changelog_key(key: str) -> bytes:
     """A table key as Faust writes it to the changelog: a JSON string."""
     return json.dumps(key).encode()
