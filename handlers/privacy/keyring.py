@@ -14,6 +14,7 @@ has scope `text`, and the conversation's next text is sealed under a new key.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections import OrderedDict
@@ -26,6 +27,8 @@ from handlers.worker.ports import MemoryTable, PartitionScope, Table, any_partit
 from schemas.data_keys import KEY_RECORD, ErasedKey, EraseScope, WrappedDataKey
 
 CACHED_KEYS = 4096
+YIELD_EVERY = 1000
+"""A scan of the keys (rotation, retention) lets the worker's other work run after this many."""
 
 
 class Forgotten(Exception):
@@ -160,17 +163,20 @@ class TableKeyRing:
 
     async def rewrap_retired(self, owned: Collection[int], limit: int = 1000) -> int:
         """Wrap again under the current KEK up to `limit` data keys of the `owned` partitions that a retired KEK
-        wrapped (the rotation: docs/privacy.md); returns how many. Only this partition's owner writes its keys."""
+        wrapped (the rotation: docs/privacy.md); returns how many. Only this partition's owner writes its keys.
+        The table is read lazily, letting the worker's other work run every `YIELD_EVERY` keys; each key is read
+        again right before it is written, so an erasure that came in between is never overwritten."""
         current = self.keks.current
         done = 0
-        for conversation, raw in list(self.table.items()):
+        for seen, (conversation, raw) in enumerate(self.table.items(), 1):
             if done >= limit:
                 break
-            record = KEY_RECORD.validate_python(raw)
+            if seen % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            if raw.get("kek_id") in (None, current.kek_id) or self.partition_of(conversation) not in owned:
+                continue  # a fence, or wrapped under the current KEK already
+            record = self.record(conversation)
             if not isinstance(record, WrappedDataKey) or record.kek_id == current.kek_id:
-                continue
-            partition = self.partition_of(conversation)
-            if partition not in owned:
                 continue
             key = self.keks.unwrap(record.kek_id, record.wrapped, conversation)
             again = record.model_copy(update={"kek_id": current.kek_id, "wrapped": current.wrap(key)})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Collection
 
-from handlers.privacy.keyring import TableKeyRing
+from handlers.privacy.keyring import YIELD_EVERY, TableKeyRing
 from schemas.keys import conversation_key_of
 from schemas.records import ForgetRequested
 from schemas.state import ConversationState
@@ -21,7 +21,6 @@ DAY_MS = 86_400_000
 TEXT_RETENTION = "text_retention"
 SCAN_BATCH = 500
 """Requests written per scan at most: a first scan over a long history spreads its erasures over several scans."""
-YIELD_EVERY = 1000
 
 
 def retention_ms(days: float | None) -> int | None:
