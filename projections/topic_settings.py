@@ -14,8 +14,11 @@ docs/operations.md ("Topics and their settings") gives the reasons in a table; i
 - `dlq` keeps dead letters 30 days, long enough to notice, fix the cause and `replay dlq`; the original record
   is still on its source topic, so nothing is lost when a dead letter expires.
 - `keys` holds each conversation's data key, wrapped (issue 32): compacted, and compacted within
-  `max.compaction.lag.ms` (the erasure deadline, 7 days) of an erasure fence replacing a key, so a destroyed key is
-  gone from every broker by then (docs/privacy.md).
+  `max.compaction.lag.ms` (the erasure deadline: ROUTER_ERASURE_DEADLINE_MS, 7 days by default) of an erasure
+  fence replacing a key, so a destroyed key is gone from every broker by then (docs/privacy.md). No `segment.ms`
+  is set: Kafka never compacts the active segment, but for a compacted topic it rolls the active segment at
+  min(`segment.ms`, `max.compaction.lag.ms`) (KIP-354, `LogConfig.maxSegmentMs`), checked when a record is
+  appended; a `segment.ms` of the deadline would say nothing more.
 - `configs` and the tables' changelogs are compacted only (no time-based deletion): the latest value of each
   key is kept forever, and every configuration version is its own key.
 - every topic: replication min(3, brokers), `min.insync.replicas` = min(2, replication), so an `acks=all`
@@ -38,7 +41,8 @@ FOREVER = -1
 DAY_MS = 86_400_000
 EFFECTS_RETENTION_MS = 7 * DAY_MS
 ERASURE_DEADLINE_MS = 7 * DAY_MS
-"""`<app>.keys`'s `max.compaction.lag.ms`: an erased data key is compacted away from every broker within this."""
+"""The default of ROUTER_ERASURE_DEADLINE_MS, `<app>.keys`'s `max.compaction.lag.ms`: an erased data key is
+compacted away from every broker within this."""
 DLQ_RETENTION_MS = 30 * DAY_MS
 
 RETENTION_MS = "retention.ms"
@@ -108,13 +112,19 @@ def min_insync_for(replication: int) -> int:
     return max(1, min(MIN_INSYNC, replication))
 
 
-def topic_configs(kind: Kind | None, replication: int, log_retention_ms: int | None = None) -> dict[str, str]:
-    """The topic-level settings the router gives a topic of `kind` (None: only the settings every topic gets)."""
+def topic_configs(
+    kind: Kind | None,
+    replication: int,
+    log_retention_ms: int | None = None,
+    erasure_deadline_ms: int = ERASURE_DEADLINE_MS,
+) -> dict[str, str]:
+    """The topic-level settings the router gives a topic of `kind` (None: only the settings every topic gets);
+    `erasure_deadline_ms` is ROUTER_ERASURE_DEADLINE_MS, the `max.compaction.lag.ms` of `keys`."""
     configs = {MIN_ISR: str(min_insync_for(replication)), UNCLEAN: "false"}
     if kind in (Kind.CONFIGS, Kind.CHANGELOG, Kind.KEYS):
         configs[CLEANUP_POLICY] = "compact"
         if kind is Kind.KEYS:
-            configs[MAX_COMPACTION_LAG] = str(ERASURE_DEADLINE_MS)
+            configs[MAX_COMPACTION_LAG] = str(erasure_deadline_ms)
     elif kind is not None:
         retention = {
             Kind.CONVERSATIONS: log_retention_ms or FOREVER,
@@ -159,16 +169,21 @@ class Finding:
 
 
 def check_topics(
-    app_id: str, topics: Mapping[str, TopicState], brokers: int, log_retention_ms: int | None = None
+    app_id: str,
+    topics: Mapping[str, TopicState],
+    brokers: int,
+    log_retention_ms: int | None = None,
+    erasure_deadline_ms: int = ERASURE_DEADLINE_MS,
 ) -> list[Finding]:
-    """Every finding over the app's existing topics (missing ones are not findings: the worker creates them)."""
+    """Every finding over the app's existing topics (missing ones are not findings: the worker creates them).
+    A `keys` topic compacted within a shorter time than `erasure_deadline_ms` is not a finding."""
     found: list[Finding] = []
     kinds = app_topics(app_id)
     for name, kind in kinds.items():
         state = topics.get(name)
         if state is not None:
             found.extend(_replication_findings(state, brokers))
-            found.extend(_config_findings(state, kind, log_retention_ms))
+            found.extend(_config_findings(state, kind, log_retention_ms, erasure_deadline_ms))
     found.extend(_partition_findings([topics[n] for n, k in kinds.items() if k in CO_PARTITIONED and n in topics]))
     configs = topics.get(f"{app_id}.{Kind.CONFIGS.value}")
     if configs is not None and configs.partitions != 1:
@@ -238,18 +253,22 @@ def _replication_findings(state: TopicState, brokers: int) -> list[Finding]:
     ]
 
 
-def _config_findings(state: TopicState, kind: Kind, log_retention_ms: int | None) -> list[Finding]:
-    wanted = topic_configs(kind, state.replication, log_retention_ms)
+def _config_findings(
+    state: TopicState, kind: Kind, log_retention_ms: int | None, erasure_deadline_ms: int
+) -> list[Finding]:
+    wanted = topic_configs(kind, state.replication, log_retention_ms, erasure_deadline_ms)
     found: list[Finding] = []
     for setting, want in wanted.items():
         have = state.configs.get(setting)
         problem = _problem(kind, setting, have, want, state.replication, log_retention_ms)
         if problem is not None:
             why, risk = problem
-            shown = human_ms(have) if setting == RETENTION_MS else str(have)
+            shown = human_ms(have) if setting in (RETENTION_MS, MAX_COMPACTION_LAG) else str(have)
             fix = f"set {setting}={want} (`chatwoot-router topics --fix`)"
             if setting == RETENTION_MS and kind in _LOG_KINDS and log_retention_ms is None:
                 fix += ", or set ROUTER_LOG_RETENTION_MS to choose a finite retention"
+            if setting == MAX_COMPACTION_LAG:
+                fix += ", or set ROUTER_ERASURE_DEADLINE_MS to the erasure deadline you promise"
             found.append(Finding(state.name, setting, shown, want, why, fix, risk))
     return found
 
@@ -279,7 +298,7 @@ def _problem(
         number = _int(have)
         if number is not None and 0 < number <= int(want):
             return None
-        return "an erased data key may stay on the brokers' disks past the erasure deadline", True
+        return f"an erased data key may stay on the brokers' disks past the erasure deadline ({human_ms(want)})", True
     if setting == RETENTION_BYTES:
         if _int(have) == FOREVER:
             return None

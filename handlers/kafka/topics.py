@@ -5,12 +5,17 @@ talks to the brokers. Creating is idempotent: an existing topic is left as it is
 changed, because re-partitioning would move conversations between partitions and break co-partitioned state).
 The ingress, the workers and `replay state` check the existing topics at start (`log_topic_findings`: one log
 line per finding, never an exception); `chatwoot-router topics [--fix]` prints and corrects them.
+
+The erasure deadline (`max.compaction.lag.ms` of `<app>.keys`) is ROUTER_ERASURE_DEADLINE_MS: creating, inspecting
+and checking read it from the environment unless the caller passes it (`erasure_deadline_ms`), so every process
+creates and checks `keys` with the same value without each passing it along.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -21,6 +26,7 @@ from aiokafka.errors import KafkaError, for_code
 from handlers.kafka.alter_configs import set_topic_configs
 from handlers.kafka.security import client_options
 from projections.topic_settings import (
+    MAX_COMPACTION_LAG,
     TABLES,
     WORKER_KINDS,
     Finding,
@@ -34,6 +40,7 @@ from projections.topic_settings import (
     replication_for,
     topic_configs,
 )
+from schemas.config import read_env
 
 __all__ = [
     "TABLES",
@@ -41,11 +48,13 @@ __all__ = [
     "TopicReport",
     "app_topic_partitions",
     "changelog_topic",
+    "configured_erasure_deadline_ms",
     "ensure_app_topics",
     "ensure_topics",
     "existing_topics",
     "fix_topics",
     "inspect_topics",
+    "keys_compaction_lag_ms",
     "log_topic_findings",
 ]
 
@@ -55,6 +64,17 @@ _NO_ERROR = 0
 _TOPIC_ALREADY_EXISTS = 36
 START_CHECK_TIMEOUT_S = 10.0
 """How long a starting process spends on the topic check before it starts without it."""
+
+
+ERASURE_DEADLINE_VARIABLE = "ROUTER_ERASURE_DEADLINE_MS"
+
+
+def configured_erasure_deadline_ms(environ: Mapping[str, str] | None = None) -> int:
+    """ROUTER_ERASURE_DEADLINE_MS of the environment (os.environ by default), validated as every command validates
+    it at start (a bad value is a ConfigError naming the variable); 7 days when unset."""
+    env = os.environ if environ is None else environ
+    given = env.get(ERASURE_DEADLINE_VARIABLE)
+    return read_env({ERASURE_DEADLINE_VARIABLE: given} if given is not None else {}).erasure_deadline_ms
 
 
 class TopicCreationError(KafkaError):
@@ -74,16 +94,19 @@ async def ensure_topics(
     request_timeout_ms: int = 10_000,
     configs: Mapping[str, Mapping[str, str]] | None = None,
     log_retention_ms: int | None = None,
+    erasure_deadline_ms: int | None = None,
 ) -> None:
     """Create each `name -> partitions` topic that does not exist yet, with the router's settings for its kind.
 
     The replication factor defaults to min(3, brokers in the cluster), so the same call serves a single-node
     development broker and a production cluster; `min.insync.replicas` follows it. `log_retention_ms` is
-    ROUTER_LOG_RETENTION_MS (None: the event log is kept forever). `configs` adds or overrides topic-level
-    settings per topic. Raises on connection failure or refusal.
+    ROUTER_LOG_RETENTION_MS (None: the event log is kept forever); `erasure_deadline_ms` is ROUTER_ERASURE_DEADLINE_MS
+    (None: read from the environment). `configs` adds or overrides topic-level settings per topic. Raises on
+    connection failure or refusal.
     """
     if not topics:
         return
+    deadline_ms = erasure_deadline_ms if erasure_deadline_ms is not None else configured_erasure_deadline_ms()
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms, **client_options())
     try:
         await admin.start()
@@ -96,7 +119,7 @@ async def ensure_topics(
             replication_factor = replication_for(len(cluster["brokers"]))
         new = []
         for name, partitions in missing.items():
-            settings = topic_configs(kind_of(name), replication_factor, log_retention_ms)
+            settings = topic_configs(kind_of(name), replication_factor, log_retention_ms, deadline_ms)
             settings.update((configs or {}).get(name, {}))
             new.append(NewTopic(name, partitions, replication_factor, topic_configs=settings))
         response = await admin.create_topics(new)
@@ -157,9 +180,16 @@ class TopicReport:
 
 
 async def inspect_topics(
-    bootstrap: str, app_id: str, log_retention_ms: int | None = None, *, request_timeout_ms: int = 10_000
+    bootstrap: str,
+    app_id: str,
+    log_retention_ms: int | None = None,
+    *,
+    request_timeout_ms: int = 10_000,
+    erasure_deadline_ms: int | None = None,
 ) -> TopicReport:
-    """Describe every topic of the app (partitions, replicas, effective settings) and check it."""
+    """Describe every topic of the app (partitions, replicas, effective settings) and check it
+    (`erasure_deadline_ms` None: ROUTER_ERASURE_DEADLINE_MS of the environment)."""
+    deadline_ms = erasure_deadline_ms if erasure_deadline_ms is not None else configured_erasure_deadline_ms()
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms, **client_options())
     try:
         await admin.start()
@@ -167,7 +197,8 @@ async def inspect_topics(
         states = await _describe(admin, list(app_topics(app_id)))
     finally:
         await admin.close()
-    return TopicReport(app_id, brokers, states, check_topics(app_id, states, brokers, log_retention_ms))
+    findings = check_topics(app_id, states, brokers, log_retention_ms, deadline_ms)
+    return TopicReport(app_id, brokers, states, findings)
 
 
 async def fix_topics(
@@ -191,6 +222,7 @@ async def log_topic_findings(
     *,
     timeout_s: float = START_CHECK_TIMEOUT_S,
     logger: logging.Logger = log,
+    erasure_deadline_ms: int | None = None,
 ) -> list[Finding]:
     """The start-up check: one warning per finding (topic, setting, value, fix); never raises, never blocks long.
 
@@ -198,7 +230,7 @@ async def log_topic_findings(
     """
     try:
         async with asyncio.timeout(timeout_s):
-            report = await inspect_topics(bootstrap, app_id, log_retention_ms)
+            report = await inspect_topics(bootstrap, app_id, log_retention_ms, erasure_deadline_ms=erasure_deadline_ms)
     except Exception as exc:  # a broker not reachable yet: the process starts, the next start checks again
         logger.warning("topic settings not checked", extra={"app_id": app_id, "error_type": type(exc).__name__})
         return []
@@ -216,6 +248,23 @@ async def log_topic_findings(
             },
         )
     return report.findings
+
+
+async def keys_compaction_lag_ms(bootstrap: str, app_id: str, *, request_timeout_ms: int = 10_000) -> int | None:
+    """The `max.compaction.lag.ms` the brokers apply to `<app>.keys` (None: the topic does not exist or has no
+    number there): what bounds, in fact, how long an erased key stays on their disks."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=request_timeout_ms, **client_options())
+    try:
+        await admin.start()
+        states = await _describe(admin, [f"{app_id}.{Kind.KEYS.value}"])
+    finally:
+        await admin.close()
+    for state in states.values():
+        try:
+            return int(state.configs.get(MAX_COMPACTION_LAG) or "")
+        except ValueError:
+            return None
+    return None
 
 
 async def _describe(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, TopicState]:

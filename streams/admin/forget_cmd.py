@@ -4,10 +4,11 @@ every conversation of a contact, by destroying its data key.
 Each conversation gets a `ForgetRequested` on `<app>.conversations` (acks=all); the worker that owns it replaces
 the data key with the erasure fence on `<app>.keys`, drops what still runs for it and writes `Forgotten` (the
 proof), both acknowledged by Kafka before it goes on. The command waits for every `Forgotten` it asked for and
-exits 0 only then, printing by when compaction will have removed the old key from every broker
-(`max.compaction.lag.ms` of `<app>.keys`). A contact's conversations are found on `<app>.keys` by the contact id
-kept beside each data key. Exit 1 when the erasure was not confirmed in time (no worker running?), 2 on bad
-arguments.
+exits 0 only then, printing by when compaction will have removed the old key from every broker: the proof's time
+plus the erasure deadline, ROUTER_ERASURE_DEADLINE_MS (the `max.compaction.lag.ms` the router gives `<app>.keys`),
+or the topic's own `max.compaction.lag.ms` when the brokers say it is longer (then it says so, and `topics --fix`
+sets it). A contact's conversations are found on `<app>.keys` by the contact id kept beside each data key. Exit 1
+when the erasure was not confirmed in time (no worker running?), 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from handlers.kafka.retry import KafkaUnusable
 from handlers.kafka.security import client_options
 from handlers.kafka.topic_io import durable_producer
+from handlers.kafka.topics import configured_erasure_deadline_ms, keys_compaction_lag_ms
 from handlers.privacy.reader_keys import read_reader_keys
-from projections.topic_settings import ERASURE_DEADLINE_MS
+from projections.topic_settings import human_ms
 from schemas.keys import ConversationKey, parse_key
 from schemas.records import ForgetRequested, Forgotten
 from streams.worker.env import WorkerEnv
@@ -108,8 +110,29 @@ def _when(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def erasure_deadline(configured_ms: int, topic_ms: int | None) -> tuple[int, str | None]:
+    """The deadline to promise: the configured one, unless the brokers compact `<app>.keys` later than that
+    (then theirs, and a line saying so); a topic that compacts sooner keeps the promise all the same."""
+    if topic_ms is None or topic_ms <= configured_ms:
+        return configured_ms, None
+    return topic_ms, (
+        f"warning: the brokers compact the keys topic within max.compaction.lag.ms={human_ms(str(topic_ms))}, "
+        f"longer than ROUTER_ERASURE_DEADLINE_MS={human_ms(str(configured_ms))}: run `chatwoot-router topics --fix`"
+    )
+
+
+async def _topic_lag_ms(env: WorkerEnv) -> int | None:
+    """The keys topic's `max.compaction.lag.ms` as the brokers describe it (None when they cannot say)."""
+    try:
+        async with asyncio.timeout(10):
+            return await keys_compaction_lag_ms(env.bootstrap, env.app_id)
+    except Exception:  # not allowed to describe it, or a broker gone: the setting is what is promised
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
-    env = env_or_exit()
+    env = env_or_exit()  # exit 2 on a bad variable, ROUTER_ERASURE_DEADLINE_MS too
+    configured_ms = configured_erasure_deadline_ms()
     try:
         if args.conversation is not None:
             account, conversation = _pair(args.conversation, "--conversation")
@@ -132,10 +155,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"forget not durable: {exc}", file=sys.stderr)
         return 1
     missing = [key for key in keys if key not in proofs]
+    deadline_ms, warning = erasure_deadline(configured_ms, asyncio.run(_topic_lag_ms(env)) if proofs else None)
+    if warning is not None:
+        print(warning, file=sys.stderr)
     for key in keys:
         proof = proofs.get(key)
         if proof is not None:
-            gone = _when(proof.at_ms + ERASURE_DEADLINE_MS)
+            gone = _when(proof.at_ms + deadline_ms)
             print(f"forgotten {key} at {_when(proof.at_ms)}; its old data key is compacted away by {gone}")
     if missing:
         print(

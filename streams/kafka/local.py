@@ -300,9 +300,12 @@ def start_broker(
     advertised_port: int | None = None,
     secure: bool = False,
     app_id: str | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> LocalKafka:
     """Start a broker (formatting `data_dir` on first use) and return once clients can connect (through
-    `advertised_port` when given: a proxy in front of the broker must be listening there).
+    `advertised_port` when given: a proxy in front of the broker must be listening there). `settings` are more
+    server.properties (replacing the defaults they name), e.g. a log cleaner that runs within a second for a test
+    of compaction: `log.cleaner.backoff.ms`, `log.segment.delete.delay.ms`.
 
     `secure`: SASL_SSL with SCRAM users and ACLs (`streams.kafka.secure`); the role users get their ACLs for
     `app_id` before this returns (more app ids: `LocalKafka.grant`), and `properties_dir` has their files."""
@@ -324,7 +327,7 @@ def start_broker(
         controller_port = free_port()
         controller_file.write_text(str(controller_port), encoding="utf-8")
     setup = secure_setup(data_dir, [log_dir], secure)
-    text = broker_properties(port, controller_port, log_dir, advertised_port)
+    text = apply_settings(broker_properties(port, controller_port, log_dir, advertised_port), settings or {})
     if setup is None:
         properties.write_text(text, encoding="utf-8")
     else:
@@ -415,10 +418,15 @@ def _accepts_connections(port: int) -> bool:
 
 @contextlib.contextmanager
 def running_broker(
-    port: int | None = None, data_dir: Path | None = None, *, secure: bool = False, app_id: str | None = None
+    port: int | None = None,
+    data_dir: Path | None = None,
+    *,
+    secure: bool = False,
+    app_id: str | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> Iterator[LocalKafka]:
-    """A broker for the duration of a `with` block."""
-    broker = start_broker(port, data_dir, secure=secure, app_id=app_id)
+    """A broker for the duration of a `with` block (`settings`: more server.properties, as `start_broker`)."""
+    broker = start_broker(port, data_dir, secure=secure, app_id=app_id, settings=settings)
     try:
         yield broker
     finally:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from handlers.kafka.topics import configured_erasure_deadline_ms
 from projections.topic_settings import (
     DLQ_RETENTION_MS,
     EFFECTS_RETENTION_MS,
+    ERASURE_DEADLINE_MS,
     TABLES,
     Finding,
     Kind,
@@ -25,6 +27,7 @@ from projections.topic_settings import (
     topic_configs,
 )
 from schemas.config import ConfigError, read_env
+from streams.admin.forget_cmd import erasure_deadline
 from streams.worker.env import read_worker_env
 
 APP = "prod.router"
@@ -44,13 +47,20 @@ def stock(name: str, partitions: int = 6, replication: int = 3, **configs: str) 
     return TopicState(name, partitions, replication, settings)
 
 
-def as_created(app_id: str, brokers: int, partitions: int = 6, log_retention_ms: int | None = None) -> dict:
+def as_created(
+    app_id: str,
+    brokers: int,
+    partitions: int = 6,
+    log_retention_ms: int | None = None,
+    erasure_deadline_ms: int = ERASURE_DEADLINE_MS,
+) -> dict:
     """Every topic of the app with exactly the settings the router creates it with."""
     replication = replication_for(brokers)
     topics = {}
     for name, kind in app_topics(app_id).items():
         count = 1 if kind is Kind.CONFIGS else partitions
-        topics[name] = TopicState(name, count, replication, topic_configs(kind, replication, log_retention_ms))
+        configs = topic_configs(kind, replication, log_retention_ms, erasure_deadline_ms)
+        topics[name] = TopicState(name, count, replication, configs)
     return topics
 
 
@@ -223,3 +233,46 @@ def test_the_log_retention_variable() -> None:
         with pytest.raises(ConfigError) as caught:
             read_env({"ROUTER_LOG_RETENTION_MS": bad})
         assert str(caught.value).startswith("Invalid environment: ROUTER_LOG_RETENTION_MS: must be a whole number")
+
+
+def test_the_keys_topic_is_compacted_within_the_erasure_deadline() -> None:
+    keys = topic_configs(Kind.KEYS, 3)
+    assert keys["cleanup.policy"] == "compact" and keys["max.compaction.lag.ms"] == str(ERASURE_DEADLINE_MS)
+    assert "segment.ms" not in keys  # Kafka rolls a compacted topic's active segment at max.compaction.lag.ms
+    assert topic_configs(Kind.KEYS, 3, erasure_deadline_ms=3_000)["max.compaction.lag.ms"] == "3000"
+    assert all("max.compaction.lag.ms" not in topic_configs(k, 3, None, 3_000) for k in Kind if k is not Kind.KEYS)
+
+
+def test_the_check_holds_the_keys_topic_to_the_configured_deadline() -> None:
+    name = f"{APP}.keys"
+    made = as_created(APP, 3, erasure_deadline_ms=3_000)
+    assert check_topics(APP, made, 3, erasure_deadline_ms=3_000) == []
+    assert check_topics(APP, made, 3) == []  # compacted sooner than the default promises: not a finding
+    week = as_created(APP, 3)
+    found = by_setting(check_topics(APP, week, 3, erasure_deadline_ms=3_000))
+    lag = found[(name, "max.compaction.lag.ms")]
+    assert (lag.value, lag.wanted, lag.risk) == (f"{WEEK} (7 days)", "3000", True)
+    assert "ROUTER_ERASURE_DEADLINE_MS" in lag.fix and "topics --fix" in lag.fix
+    assert corrections([lag]) == {name: {"max.compaction.lag.ms": "3000"}}
+    unset = {name: TopicState(name, 6, 3, {**made[name].configs, "max.compaction.lag.ms": None})}
+    assert [f.value for f in check_topics(APP, unset, 3)] == ["unset"]
+
+
+def test_the_erasure_deadline_variable() -> None:
+    assert read_env({}).erasure_deadline_ms == ERASURE_DEADLINE_MS == 7 * 86_400_000
+    assert read_env({"ROUTER_ERASURE_DEADLINE_MS": " 86400000 "}).erasure_deadline_ms == 86_400_000
+    assert configured_erasure_deadline_ms({}) == ERASURE_DEADLINE_MS
+    assert configured_erasure_deadline_ms({"ROUTER_ERASURE_DEADLINE_MS": "3000", "ROUTER_PARTITIONS": "x"}) == 3000
+    for bad in ("-1", "0", "999", "2592000001", "7d", "1e6", "²"):
+        with pytest.raises(ConfigError) as caught:
+            configured_erasure_deadline_ms({"ROUTER_ERASURE_DEADLINE_MS": bad})
+        assert str(caught.value).startswith("Invalid environment: ROUTER_ERASURE_DEADLINE_MS: must be a whole number")
+
+
+def test_forget_promises_the_configured_deadline_unless_the_brokers_compact_later() -> None:
+    assert erasure_deadline(3_000, None) == (3_000, None)
+    assert erasure_deadline(3_000, 1_000) == (3_000, None)  # sooner than promised keeps the promise
+    promised, warning = erasure_deadline(86_400_000, 7 * 86_400_000)
+    assert promised == 7 * 86_400_000
+    assert warning is not None and "topics --fix" in warning
+    assert "max.compaction.lag.ms=604800000 (7 days)" in warning and "ROUTER_ERASURE_DEADLINE_MS=86400000" in warning
