@@ -55,6 +55,13 @@ class ErasedKey(_KeyRecord):
         exclude_if=lambda r: r is None,
         description="the request it answers: a request delivered again after a crash writes its proof again",
     )
+    again_ms: int | None = Field(
+        default=None,
+        exclude_if=lambda at: at is None,
+        description="when its owner wrote it again, once the erasure deadline had passed: Kafka rolls a compacted "
+        "topic's active segment only when a record is appended, so this write lets the cleaner remove the old key "
+        "even from a partition nothing else writes to",
+    )
 
 
 KeyRecord = Annotated[WrappedDataKey | ErasedKey, Field(discriminator="type")]

@@ -31,6 +31,12 @@ YIELD_EVERY = 1000
 """A scan of the keys (rotation, retention) lets the worker's other work run after this many."""
 
 
+def fence_roll_every_ms(deadline_ms: int) -> int:
+    """How often a worker looks for fences past their erasure deadline to write again (`roll_fences`): a twentieth
+    of the deadline, between a second and ten minutes; an erased key is gone this much after the deadline at most."""
+    return min(600_000, max(1_000, deadline_ms // 20))
+
+
 class Forgotten(Exception):
     """The conversation was forgotten: nothing of it may be sealed, opened or routed any more."""
 
@@ -185,6 +191,34 @@ class TableKeyRing:
         if done and self.durable is not None:
             await self.durable()
         return done
+
+    async def roll_fences(self, owned: Collection[int], deadline_ms: int, limit: int = 1000) -> set[int]:
+        """Write again, once, each fence of the `owned` partitions whose erasure deadline has passed: Kafka rolls the
+        active segment of `<app>.keys` (at `max.compaction.lag.ms`) only when a record is appended, so on a partition
+        nothing else writes to, the segment holding the erased key's old value would never be compacted. Returns
+        the partitions written (the caller compacts its own store of them too)."""
+        now = self.now_ms()
+        rolled: set[int] = set()
+        done = 0
+        for seen, (conversation, raw) in enumerate(self.table.items(), 1):
+            if done >= limit:
+                break
+            if seen % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            if raw.get("type") != "erased" or raw.get("again_ms") is not None or raw["at_ms"] + deadline_ms > now:
+                continue
+            partition = self.partition_of(conversation)
+            if partition not in owned:
+                continue
+            record = self.record(conversation)
+            if not isinstance(record, ErasedKey) or record.again_ms is not None:
+                continue
+            self._write(conversation, record.model_copy(update={"again_ms": now}))
+            rolled.add(partition)
+            done += 1
+        if rolled and self.durable is not None:
+            await self.durable()
+        return rolled
 
     def forget_cached(self) -> None:
         """At a rebalance: keys of partitions that moved are read again from the table when next needed."""

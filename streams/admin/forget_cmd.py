@@ -26,6 +26,7 @@ from handlers.kafka.retry import KafkaUnusable
 from handlers.kafka.security import client_options
 from handlers.kafka.topic_io import durable_producer
 from handlers.kafka.topics import configured_erasure_deadline_ms, keys_compaction_lag_ms
+from handlers.privacy.keyring import fence_roll_every_ms
 from handlers.privacy.reader_keys import read_reader_keys
 from projections.topic_settings import human_ms
 from schemas.keys import ConversationKey, parse_key
@@ -161,7 +162,9 @@ def run(args: argparse.Namespace) -> int:
     for key in keys:
         proof = proofs.get(key)
         if proof is not None:
-            gone = _when(proof.at_ms + deadline_ms)
+            # the brokers' deadline, plus the time the owner may take to write the fence again past it (a quiet
+            # keys partition's segment rolls only then: handlers/privacy/keyring.py `roll_fences`)
+            gone = _when(proof.at_ms + deadline_ms + fence_roll_every_ms(configured_ms))
             print(f"forgotten {key} at {_when(proof.at_ms)}; its old data key is compacted away by {gone}")
     if missing:
         print(

@@ -42,7 +42,7 @@ from handlers.kafka.group_right import GroupRight, probe_topic
 from handlers.kafka.security import auth_reason, faust_credentials
 from handlers.kafka.topics import TABLES
 from handlers.privacy.kek import KeyEncryptionKeys, require_keks
-from handlers.privacy.keyring import TableKeyRing
+from handlers.privacy.keyring import TableKeyRing, fence_roll_every_ms
 from handlers.privacy.retention import retention_ms, scan_every_s, touch_every_ms
 from handlers.worker.barrier import Barrier
 from handlers.worker.chatwoot_gate import ChatwootGate
@@ -61,7 +61,7 @@ from schemas.keys import partition_for
 from streams.worker.adapters import FaustPartitionScope, FaustSink, FaustTable, source_record
 from streams.worker.env import WorkerEnv
 from streams.worker.internals import InternalsChanged, check_internals, check_scoped_write
-from streams.worker.tables import Table, TableManager, track_changelog
+from streams.worker.tables import Table, TableManager, compact_store, track_changelog
 from streams.worker.transport import broker_urls, set_on_expelled, set_pre_commit
 
 log = logging.getLogger("chatwoot_router.worker")
@@ -257,6 +257,7 @@ class WorkerApp:
         app.task(self.beat_forever)
         app.task(self.rewrap_forever)
         app.task(self.expire_text_forever)
+        app.task(self.roll_fences_forever)
         app.task(self.gate.run)  # handlers/worker/chatwoot_gate.py: Chatwoot's version, at start and every 5 min
 
         worker = self
@@ -477,6 +478,22 @@ class WorkerApp:
                 if asked:
                     log.info("text past its retention: erasure requested", extra={"count": asked})
             await asyncio.sleep(scan_every_s(retention))
+
+    async def roll_fences_forever(self) -> None:
+        """Once an erasure's deadline has passed, write its fence again (`TableKeyRing.roll_fences`), so Kafka rolls
+        the keys partition's segment and its cleaner removes the old key, and compact this worker's own store of
+        that partition, so no older file of it keeps the old key either (docs/privacy.md "The erasure deadline")."""
+        deadline = self.env.erasure_deadline_ms
+        await self._recovery.completed.wait()
+        while True:
+            owned = self.owned_partitions() if self.ready() else frozenset()
+            if owned:
+                rolled = await self.keyring.roll_fences(owned, deadline)
+                for partition in sorted(rolled):
+                    await compact_store(self._keys_table, partition)
+                if rolled:
+                    log.info("erasure fences written again past their deadline", extra={"partitions": len(rolled)})
+            await asyncio.sleep(fence_roll_every_ms(deadline) / 1000)
 
     async def leader_sweeps(self) -> None:
         """On start and every ROUTER_SWEEP_INTERVAL_S, the leader requests a pass per account and status."""

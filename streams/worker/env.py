@@ -33,6 +33,7 @@ class WorkerEnv:
     chatwoot_version: str | None = None  # ROUTER_CHATWOOT_VERSION: stated when a proxy hides GET /api
     chatwoot_requests_per_min: int = 2400  # ROUTER_CHATWOOT_REQUESTS_PER_MIN: the group's, split by partitions
     text_retention_days: float | None = None  # ROUTER_TEXT_RETENTION_DAYS: None keeps text until `forget`
+    erasure_deadline_ms: int = 604_800_000  # ROUTER_ERASURE_DEADLINE_MS: an erased key compacted away by then
 
     def topic(self, name: str) -> str:
         """`<app>.<name>`: conversations, effects, sweeps, dlq."""
@@ -54,6 +55,7 @@ class WorkerEnv:
             chatwoot_version=env.chatwoot_version,
             chatwoot_requests_per_min=env.chatwoot_requests_per_min,
             text_retention_days=env.text_retention_days,
+            erasure_deadline_ms=env.erasure_deadline_ms,
         )
 
 

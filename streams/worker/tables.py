@@ -13,6 +13,7 @@ class through Faust's `TableManager` setting; nothing in Faust is patched.
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from typing import Any
 
@@ -72,3 +73,14 @@ _barriers: weakref.WeakKeyDictionary[Any, Barrier] = weakref.WeakKeyDictionary()
 def track_changelog(app: Any, barrier: Barrier) -> None:
     """Every changelog write of `app`'s tables is added to `barrier`."""
     _barriers[app] = barrier
+
+
+async def compact_store(table: Any, partition: int) -> None:
+    """Compact the local RocksDB store of `table`'s `partition` (issue 32): a value replaced in RocksDB stays in its
+    older files until a compaction rewrites them, and an erased data key's old value must not outlive the erasure
+    deadline there either. In a thread: RocksDB compacts while the worker goes on. A table whose store is not
+    RocksDB, or has no open database for it, has nothing to do."""
+    databases = getattr(getattr(table, "data", None), "_dbs", None)
+    database = databases.get(partition) if isinstance(databases, dict) else None
+    if database is not None and hasattr(database, "compact_range"):
+        await asyncio.to_thread(database.compact_range, None, None)

@@ -208,3 +208,28 @@ async def test_a_conversation_chatwoot_deleted_is_erased_even_when_a_crash_came_
     restarted = retention_service(tables2, FakeChatwoot(missing=True), clock, keys2)
     await deliver(restarted, bus2, answer)  # delivered again: folded already, and the key still lives
     assert isinstance(stored(keys2), ErasedKey) and [p.reason for p in proofs(bus2)] == ["conversation_missing"]
+
+
+def test_fences_past_the_erasure_deadline_are_written_again_once_by_their_owner() -> None:
+    """docs/privacy.md "The erasure deadline": Kafka rolls a keys partition's segment only when a record is
+    appended, so the owner writes each fence again once its deadline has passed, and only once."""
+    table, clock = MemoryTable(), Clock(T0)
+    keys = ring(table, clock)
+    keys.partition_of = lambda key: int(key.split(":")[1]) % 2
+    for conversation in ("1:2", "1:3", "1:4"):
+        asyncio.run(keys.key_for(conversation))
+        keys.erase(conversation, T0, "customer asked")
+    asyncio.run(keys.key_for("1:6"))  # a live key is never written by the roll
+    deadline = 60_000
+    clock.now = T0 + deadline - 1
+    assert asyncio.run(keys.roll_fences({0}, deadline)) == set()  # not yet
+    clock.now += 1
+    assert asyncio.run(keys.roll_fences({0}, deadline)) == {0}
+    for conversation in ("1:2", "1:4"):
+        fence = stored(table, conversation)
+        assert isinstance(fence, ErasedKey) and fence.again_ms == clock.now and fence.reason == "customer asked"
+    assert stored(table, "1:3") == ErasedKey(key="1:3", at_ms=T0, reason="customer asked")  # another owner's
+    assert isinstance(stored(table, "1:6"), WrappedDataKey)
+    writes = table.writes
+    clock.now += deadline
+    assert asyncio.run(keys.roll_fences({0}, deadline)) == set() and table.writes == writes  # once
