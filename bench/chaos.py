@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.chaos --conversations 200 --kills 100 --seed 7 [--workers 2] [--partitions 8]
         [--broker-restarts 3] [--pauses 12] [--duration 420] [--fault-rate 0.3] [--realistic] [--secure] [--json FILE]
-        [--work-dir DIR]
+        [--forget-rate 0.1] [--work-dir DIR]
 
 It starts its own local Kafka broker (or uses `KAFKA_BOOTSTRAP_SERVERS`; broker restarts need its own), the
 sandbox (a simulated Chatwoot and System One), one ingress and `--workers` workers with the same app id, each
@@ -20,7 +20,12 @@ with its own RocksDB directory, on topics of `--partitions` partitions. Then, ov
   change, the change applied then 503, or the change applied then the connection closed;
 - `--slow-mutation-rate` of the others get one mutation that Chatwoot answers (and applies) only after 20 s,
   longer than the workers' 5 s revoke drain, so partitions move while it is in flight;
-- `--slow-broker-ms` puts a proxy that delays every byte between the clients and the broker (a slow leader).
+- `--slow-broker-ms` puts a proxy that delays every byte between the clients and the broker (a slow leader);
+- `--forget-rate` of them are forgotten (issue 32) with the real `chatwoot-router forget --conversation A:C`: half
+  0.5-8 s after the router ended the turn, a quarter around the first customer message (`forget` started 1 s
+  before to 0.5 s after it: its request lands before, during or after the router's turn), a quarter while Chatwoot
+  holds one of the router's mutations for 20 s; a `forget` that fails (its worker killed and not back within its
+  timeout) is run again.
 
 Meanwhile it SIGKILLs a random worker (sometimes the ingress) `--kills` times, each restarted 0.1-2 s later,
 freezes a random healthy worker `--pauses` times for 20-40 s (SIGSTOP, then SIGCONT: longer than its 15 s session,
@@ -47,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import random
@@ -56,6 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -63,7 +70,16 @@ from typing import Any
 
 import httpx
 
-from bench.chaos_verify import CONVERSATION_KEY, Evidence, Verdict, check, collect, parse_audit, read_topic
+from bench.chaos_verify import (
+    CONVERSATION_KEY,
+    FORGET_CHECKS,
+    Evidence,
+    Verdict,
+    check,
+    collect,
+    parse_audit,
+    read_topic,
+)
 from bench.latency_proxy import LatencyProxy
 from handlers.processes import Child
 from handlers.worker.fencing import FAIL_STOP
@@ -85,6 +101,9 @@ INBOX = 101
 RETRY_BASE_MS = 200
 SWEEP_INTERVAL_S = 3600  # only the sweeps of worker starts and the operator's; the final sweep is requested
 QUIET_S = 3.0  # "settled": no Chatwoot API call for this long
+FORGET_TIMEOUT_S = 180  # `forget --timeout`: longer than a killed worker's restart and its partitions' recovery
+FORGET_ATTEMPTS = 3
+FORGET_LEAD_S = 1.0  # mid-route: the first customer message this long after `forget` is started (0-1.5 s after)
 
 TEXTS: dict[str, tuple[str, ...]] = {
     "billing": (
@@ -172,6 +191,9 @@ class Plan:
     edit_after_s: float | None = None
     edits: list[str] = field(default_factory=list)  # "reopen", "assign", "label"
     fault: dict[str, Any] | None = None
+    forget_when: str | None = None  # "mid_route" (after the first message) or "after_end" (after the router ended it)
+    forget_after_s: float | None = None  # seconds after that moment
+    forget: dict[str, Any] | None = None  # what `forget` did: when it was asked, each attempt's exit code
     conversation_id: int | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -225,6 +247,30 @@ def make_plans(
             ops = [op for op in FAULT_OPS[plan.kind] if op in MUTATIONS]
             plan.fault = {"op": slow.choice(ops), "mode": "delay", "delay_ms": SLOW_MUTATION_MS, "times": 1}
     return plans
+
+
+def plan_forgets(plans: list[Plan], rate: float, seed: int) -> None:
+    """Pick `rate` of the plans to forget (an RNG of their own: a seed's other draws stay as they were): half a
+    while after the router ended the turn (`after_end`); a quarter around the first message (`mid_route`: the
+    router often ends a turn within a second, so some of these land before or after it); a quarter while Chatwoot
+    holds one of the router's mutations for 20 s (`mid_mutation`: a conversation without a fault or a takeover gets
+    that slow mutation, and is forgotten 1.5-10 s after its first message; a person's takeover while Chatwoot holds
+    a mutation would make it a `late_mutation` that has nothing to do with forgetting)."""
+    if rate <= 0:
+        return
+    rng = random.Random(f"forget-{seed}")
+    chosen = rng.sample(plans, min(len(plans), round(rate * len(plans))))
+    for n, plan in enumerate(sorted(chosen, key=lambda p: p.index)):
+        if n % 2 == 1:
+            plan.forget_when, plan.forget_after_s = "after_end", rng.uniform(0.5, 8.0)
+        elif (
+            n % 4 == 0 or plan.fault is not None or plan.takeover is not None
+        ):  # started 0-1.5 s after the conversation is made: FORGET_LEAD_S
+            plan.forget_when, plan.forget_after_s = "mid_route", rng.uniform(0.0, 1.5)  # before its first message
+        else:
+            ops = [op for op in FAULT_OPS[plan.kind] if op in MUTATIONS]
+            plan.fault = {"op": rng.choice(ops), "mode": "delay", "delay_ms": SLOW_MUTATION_MS, "times": 1}
+            plan.forget_when, plan.forget_after_s = "mid_mutation", rng.uniform(1.5, 10.0)
 
 
 # --- processes -------------------------------------------------------------------------------------------
@@ -284,6 +330,7 @@ class Options:
     slow_mutation_rate: float = 0.0  # share of conversations with one mutation Chatwoot answers only after 20 s
     realistic: bool = False  # the sandbox as rough as the real Chatwoot (issue 30): rate limit, webhooks out of order
     secure: bool = False  # SASL_SSL brokers with ACLs; each process under its role's principal (issue 31)
+    forget_rate: float = 0.0  # share of conversations forgotten with `chatwoot-router forget` meanwhile (issue 32)
 
     @property
     def play_s(self) -> float:
@@ -316,6 +363,8 @@ class Result:
             ),
             f"audit_differences={c['audit_differences']}",
             *(f"{name}={c[name]}" for name in ("skipped_records", "wrong_tokens", "stale_writes", "raced")),
+            f"forgets={sum(1 for p in self.verdict.info.get('plans', []) if p.get('forget'))}",
+            *(f"{name}={c[name]}" for name in FORGET_CHECKS),
             f"repeated_mutations={c['repeated_mutations']}",
             f"jev_repeats={c['jev_repeats']}",
             f"late_folds={c['late_folds']}",
@@ -369,6 +418,8 @@ class Chaos:
         self.plans = make_plans(
             options.conversations, options.play_s, options.fault_rate, self.rng, options.slow_mutation_rate
         )
+        plan_forgets(self.plans, options.forget_rate, options.seed)
+        self.forgets: list[asyncio.Task[None]] = []  # the `forget` runs, awaited at the end of the play
         self.app_id = f"chaos-{options.seed}-{int(time.time())}"
         self.sandbox_port, self.ingress_port = free_port(), free_port()
         self.sandbox_url = f"http://127.0.0.1:{self.sandbox_port}"
@@ -611,8 +662,15 @@ class Chaos:
             await self.control(
                 "POST", "/faults", {**plan.fault, "account_id": 1, "conversation_id": plan.conversation_id}
             )
+        if plan.forget_when == "mid_route":
+            # `forget` needs 0.5-1.3 s to start and the router often ends a turn within a second, so it is started
+            # first and the customer writes FORGET_LEAD_S later: its request lands before, during or after the turn
+            self.forgets.append(asyncio.create_task(self.forget(plan, self.now(), base)))
+            await asyncio.sleep(FORGET_LEAD_S)
         first = self.now()
         await self.say(plan)
+        if plan.forget_when in ("after_end", "mid_mutation"):
+            self.forgets.append(asyncio.create_task(self.forget(plan, first, base)))
         steps: list[tuple[float, str]] = []
         if plan.second_after_s is not None:
             steps.append((first + plan.second_after_s, "second"))
@@ -642,11 +700,14 @@ class Chaos:
     async def edit_after_end(self, plan: Plan, base: float) -> None:
         deadline = max(60.0, base + self.o.play_s + 30 - self.now())
 
-        async def ended() -> bool:
-            return self.ended(await self.conversation(plan))
+        async def ended() -> bool:  # or forgotten before it ended (then it never will)
+            return plan.forget is not None or self.ended(await self.conversation(plan))
 
         if not await wait_for(ended, deadline, every_s=0.5):
             plan.notes.append("edits skipped: not ended in time")
+            return
+        if not self.ended(await self.conversation(plan)):
+            plan.notes.append("edits skipped: forgotten before the end")
             return
         assert plan.edit_after_s is not None
         await asyncio.sleep(plan.edit_after_s)  # a person looks at it a few seconds after the router ended it
@@ -670,6 +731,82 @@ class Chaos:
             if isinstance(result, BaseException):
                 plan.notes.append(f"play failed: {type(result).__name__}: {result}")
                 self.note("a conversation's play failed", index=plan.index, error=f"{type(result).__name__}: {result}")
+        for result in await asyncio.gather(*self.forgets, return_exceptions=True):
+            if isinstance(result, BaseException):
+                self.note("a forget failed to run", error=f"{type(result).__name__}: {result}")
+
+    # --- forgetting (issue 32) ---
+
+    async def forget(self, plan: Plan, since: float, base: float) -> None:
+        """Forget the conversation with `chatwoot-router forget` at the planned moment (`forget_after_s` after
+        `since`, mid-route; or that long after the router ended the turn), and run it again while it fails (a
+        worker killed and not back in time)."""
+        assert plan.forget_after_s is not None
+        if plan.forget_when == "after_end":
+            deadline = max(60.0, base + self.o.play_s + 30 - self.now())
+
+            async def ended() -> bool:
+                return self.ended(await self.conversation(plan))
+
+            if not await wait_for(ended, deadline, every_s=0.5):
+                plan.notes.append("forget: not ended in time, forgotten anyway")
+            await asyncio.sleep(plan.forget_after_s)
+        else:  # mid_route: `since` is when the conversation was made; mid_mutation: its first message
+            await self.sleep_until(since + plan.forget_after_s)
+        state = await self.conversation(plan)
+        plan.forget = {
+            "when": plan.forget_when,
+            "asked_at_s": round(self.now(), 3),
+            "pending": not self.ended(state),
+            "attempts": [],
+            "confirmed": False,
+        }
+        self.note("forget", conversation=plan.key, when=plan.forget_when, pending=plan.forget["pending"])
+        for attempt in range(1, FORGET_ATTEMPTS + 1):
+            started = self.now()
+            code, output = await self.run_cli_async(
+                "forget", "--conversation", plan.key, "--reason", "chaos", "--timeout", str(FORGET_TIMEOUT_S)
+            )
+            plan.forget["attempts"].append(
+                {"start_s": round(started, 3), "end_s": round(self.now(), 3), "code": code, "output": output[-400:]}
+            )
+            self.note(
+                "forget done" if code == 0 else "forget failed", conversation=plan.key, attempt=attempt, code=code
+            )
+            if code == 0:
+                plan.forget["confirmed"] = True
+                return
+            if await self.forgotten_on_log(plan.key):
+                # asked again, an already forgotten conversation gets no new proof: not run again (the verifier
+                # counts the unconfirmed `forget` as incomplete)
+                plan.forget["on_log_unconfirmed"] = True
+                return
+            await asyncio.sleep(2.0)
+
+    async def forgotten_on_log(self, key: str) -> bool:
+        events = await read_topic(self.bootstrap, f"{self.app_id}.conversations")
+        return any(r.key == key and isinstance(r.value, dict) and r.value.get("type") == "forgotten" for r in events)
+
+    async def run_cli_async(self, *args: str) -> tuple[int | None, str]:
+        """A `chatwoot-router` command as a child process, without holding a thread: (exit code, its output)."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "streams.cli",
+            *args,
+            cwd=self.o.code_dir,
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            async with asyncio.timeout(FORGET_TIMEOUT_S + 60):
+                out, _ = await proc.communicate()
+        except TimeoutError:
+            proc.kill()
+            out, _ = await proc.communicate()
+            return None, out.decode("utf-8", "replace") + "\n(killed: no exit in time)"
+        return proc.returncode, out.decode("utf-8", "replace")
 
     # --- the chaos ---
 
@@ -697,7 +834,7 @@ class Chaos:
             await self.sleep_until(base + at)
             victim = self.rng.choice(self.workers)
             # a worker that folds what it owns (healthy for a moment: its fence is armed), not one still starting
-            if not await wait_for(lambda v=victim: self.healthy(v), 30, every_s=0.5):
+            if not await wait_for(functools.partial(self.healthy, victim), 30, every_s=0.5):
                 continue
             await asyncio.sleep(1.5)
             pid = victim.pid
@@ -786,7 +923,8 @@ class Chaos:
 
     async def all_ended(self) -> bool:
         state = await self.control("GET", "/state")
-        keys = {p.key for p in self.plans if p.conversation_id is not None}
+        # a forgotten conversation is never routed again: it may stay pending (verify: check_forgets)
+        keys = {p.key for p in self.plans if p.conversation_id is not None and p.forget is None}
         return all(self.ended(c) for c in state["conversations"] if f"{c['account_id']}:{c['id']}" in keys)
 
     async def all_folded(self) -> bool:
@@ -803,6 +941,12 @@ class Chaos:
                 applied[record.key] = int(record.value.get("offset", -1))
         behind = {key for key, offset in last_event.items() if applied.get(key, -1) < offset}
         return not behind
+
+    async def no_calls_held(self) -> bool:
+        """No Chatwoot call still held by the sandbox (a slow mutation): one whose run was cut off (its conversation
+        forgotten) still takes effect when the hold ends, and its webhook comes after the router looks done."""
+        log = await self.control("GET", "/log?include=api_calls")
+        return not any(call.get("status") is None for call in log["api_calls"])
 
     async def settle(self) -> None:
         for proc in self.procs:
@@ -822,10 +966,14 @@ class Chaos:
         deadline = time.monotonic() + self.o.settle_deadline_s
 
         async def done() -> bool:
-            return await self.all_ended() and await self.wait_quiet(QUIET_S * 4)
+            return await self.all_ended() and await self.no_calls_held() and await self.wait_quiet(QUIET_S * 4)
 
         ended = await wait_for(done, self.o.settle_deadline_s, every_s=1.0)
-        self.note("every conversation ended" if ended else "not every conversation ended by the deadline")
+        self.note(
+            "every conversation ended, no call held"
+            if ended
+            else "not every conversation ended (or a call still held) by the deadline"
+        )
         folded = await wait_for(self.all_folded, max(30.0, deadline - time.monotonic()), every_s=2.0)
         self.note("every record folded" if folded else "some records not folded by the deadline")
 
@@ -840,6 +988,28 @@ class Chaos:
             "edited_after_end": sum(1 for p in self.plans if any(n.startswith("edited") for n in p.notes)),
             "edits_skipped": sum(1 for n in notes if n.startswith("edits skipped")),
             "play_failures": sum(1 for n in notes if n.startswith("play failed")),
+            **self.forget_coverage(),
+        }
+
+    def forget_coverage(self) -> dict[str, int]:
+        """How the forgets went: while pending or after the end, how many `forget` runs failed, and how many ran
+        while a kill (or a broker stop) happened."""
+        forgets = [p.forget for p in self.plans if p.forget is not None]
+        if not forgets:
+            return {}
+        chaos = [e["t"] for e in self.timeline if e["what"].startswith(("kill ", "broker stop", "pause "))]
+        attempts = [a for f in forgets for a in f["attempts"]]
+        return {
+            "forgets": len(forgets),
+            **{f"forgets_{when}": n for when, n in sorted(Counter(f["when"] for f in forgets).items())},
+            "forgets_while_pending": sum(1 for f in forgets if f["pending"]),
+            "forgets_after_end": sum(1 for f in forgets if not f["pending"]),
+            "forget_runs": len(attempts),
+            "forget_runs_failed": sum(1 for a in attempts if a["code"] != 0),
+            "forget_runs_across_a_kill": sum(
+                1 for a in attempts if any(a["start_s"] <= t <= a["end_s"] for t in chaos)
+            ),
+            "forget_run_max_s": round(max((a["end_s"] - a["start_s"] for a in attempts), default=0.0)),
         }
 
     def annotate_late_folds(self, verdict: Verdict, evidence: Evidence) -> None:
@@ -893,6 +1063,7 @@ class Chaos:
                 audit=audit,
                 tags={p.tag: p.key for p in self.plans},
                 plans={p.key: p.kind for p in self.plans},
+                forgets={p.key: p.forget for p in self.plans if p.forget is not None},
             )
             (self.work / "evidence.json").write_text(json.dumps(evidence.to_json(), default=str))
             verdict = check(evidence)
@@ -1013,6 +1184,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the sandbox in --realistic mode: Chatwoot's rate limit, webhooks concurrent, reordered and duplicated",
     )
+    parser.add_argument(
+        "--forget-rate",
+        type=float,
+        default=0.0,
+        help="share of conversations forgotten meanwhile with `chatwoot-router forget` (issue 32), mid-route or after",
+    )
     parser.add_argument("--clean", action="store_true", help="remove the work directory after a passing run")
     args = parser.parse_args(argv)
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or None
@@ -1049,6 +1226,7 @@ def main(argv: list[str] | None = None) -> int:
         slow_mutation_rate=args.slow_mutation_rate,
         realistic=args.realistic,
         secure=args.secure,
+        forget_rate=args.forget_rate,
     )
     try:
         result = run_chaos(options, bootstrap)

@@ -35,6 +35,14 @@ Checks (each failure is a `Violation` naming the conversation, the requests and 
 - `unended`: a conversation of the run still pending, or still assigned to the bot, at the end.
 - `audit_differences`: what `audit --verify` reports (or -1 when it could not run).
 - `wrong_tokens`: a mutation made without the bot token, or a read without the user token.
+- `forget_incomplete`, `mutated_after_forgotten`, `keys_not_fenced` (issue 32, `--forget-rate`): a conversation
+  the run forgot (`chatwoot-router forget`) with no `Forgotten` record on `<app>.conversations`, or whose `forget`
+  never exited 0; a router call with the bot token (a mutation or a reply) that reached Chatwoot after the
+  `Forgotten` record's `at_ms` (the worker stamps it after it put the fence in place and cancelled the
+  conversation's lane and waited for it, so a call that arrives later was made after the erasure; one that arrived
+  before and took effect after is the in-flight call the cancellation cut off, `in_flight_at_forget`, information);
+  a forgotten conversation whose latest record on `<app>.keys` is not the erasure fence, or with a data key
+  written after its fence. A forgotten conversation is never routed again, so it is not `unended`.
 
 Informational (never fail a run): `stale_reads` (how often a worker did not make a mutation because its fresh
 read was older than ROUTER_FRESH_READ_MS, or its partition had not caught up: `stale_read` outcomes); `raced`
@@ -42,8 +50,10 @@ read was older than ROUTER_FRESH_READ_MS, or its partition had not caught up: `s
 turn: a command executed twice, whether or not a person noticed); `late_folds` (acknowledged webhooks
 first applied more than 30 s after they were written; `fold_lag_s` has the max, p50 and p99); `jev_repeats`
 (the same System One input answered 2xx more than once, against Decisions 2);
-`applied_without_own_changelog_entry` (a record whose state a SIGKILLed worker wrote to its local RocksDB but
-not to the changelog, continued from by the same worker restarted on its data dir: counted as skipped only when
+`reads_after_forgotten` and `systemone_after_forgotten` (calls for a forgotten conversation that arrived after its
+`Forgotten` record: reads, and System One requests carrying its tag); `in_flight_at_forget` (see above);
+`applied_without_own_changelog_entry` (a record whose state a SIGKILLed worker wrote to its local RocksDB but not to
+the changelog, continued from by the same worker restarted on its data dir: counted as skipped only when
 `audit --verify` finds the key's state differs from a full replay); `effects_reissued` (command ids
 written to `<app>.effects` more than once); the final endings by scenario kind.
 """
@@ -118,6 +128,9 @@ class Evidence:
     audit: AuditResult | None = None
     tags: dict[str, str] = field(default_factory=dict)  # a word unique to each conversation's text -> key
     plans: dict[str, str] = field(default_factory=dict)  # key -> scenario kind, for the endings table
+    keys: list[Record] = field(default_factory=list)  # `<app>.keys`: data keys and erasure fences (issue 32)
+    # key -> the run's `forget` of it: {"when", "asked_at_s", "attempts": [{"code", …}], "confirmed"} (--forget-rate)
+    forgets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,8 +138,8 @@ class Evidence:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Evidence:
         fields = dict(data)
-        for name in ("events", "changelog", "effects"):
-            fields[name] = [Record(**r) for r in data[name]]
+        for name in ("events", "changelog", "effects", "keys"):
+            fields[name] = [Record(**r) for r in data.get(name, [])]
         fields["bot_ids"] = {int(k): v for k, v in data["bot_ids"].items()}
         fields["audit"] = AuditResult(**data["audit"]) if data.get("audit") else None
         return cls(**fields)
@@ -146,6 +159,7 @@ class Violation:
 
 COUNTED = ("duplicates", "stale_mutations", "late_mutations", "unfolded", "unended", "audit_differences")
 EXTRA = ("skipped_records", "wrong_tokens")
+FORGET_CHECKS = ("forget_incomplete", "mutated_after_forgotten", "keys_not_fenced")
 
 
 @dataclass
@@ -190,6 +204,15 @@ class Verdict:
             lines.append(f"[info: state only in a restarted worker's local store] {line}")
         if self.info.get("coverage"):
             lines.append(f"[info] plan coverage: {self.info['coverage']}")
+        forgetting = self.info.get("forgetting") or {}
+        for line in forgetting.get("in_flight_at_forget", [])[:10]:
+            lines.append(f"[info: in flight when forgotten] {line}")
+        if forgetting.get("forgets"):
+            lines.append(f"[info] forgotten: {forgetting['moments']} (as Chatwoot saw each at its Forgotten record)")
+        if forgetting.get("reads_after_forgotten"):
+            lines.append(f"[info] reads after a Forgotten record: {forgetting['reads_after_forgotten'][:10]}")
+        if forgetting.get("systemone_after_forgotten"):
+            lines.append(f"[info] System One asked after a Forgotten record: {forgetting['systemone_after_forgotten']}")
         if self.info.get("jev_repeats"):
             lines.append(f"[info] System One answered the same input more than once: {self.info['jev_repeats']}")
         return "\n".join(lines)
@@ -524,10 +547,13 @@ def check_folded(ev: Evidence) -> tuple[list[Violation], list[Violation]]:
 
 def check_ended(ev: Evidence, calls: dict[str, list[dict[str, Any]]]) -> list[Violation]:
     found = []
+    forgotten = set(ev.forgets) | set(forgotten_records(ev))
     for key in ev.scope:
         state = ev.conversations.get(key)
         if state is None:
             continue  # deleted: nothing to end
+        if key in forgotten:
+            continue  # never routed again by design (issue 32): check_forgets judges its erasure
         if state["status"] == "pending" or state.get("bot_assignee_id") is not None:
             recent = "; ".join(_call_text(c) for c in calls.get(key, [])[-4:]) or "no API calls"
             found.append(
@@ -643,6 +669,161 @@ def repeated_mutations(ev: Evidence, calls: dict[str, list[dict[str, Any]]]) -> 
     return found
 
 
+def _whole(value: dict[str, Any]) -> bool:
+    """An erasure of the whole conversation (not only the text sealed so far: scope `text`, issue 32)."""
+    return value.get("scope", "conversation") == "conversation"
+
+
+def forgotten_records(ev: Evidence) -> dict[str, Record]:
+    """Per conversation in scope: its first `Forgotten` record (of the whole conversation) on the conversations
+    topic, the one the fold keeps."""
+    scope = set(ev.scope)
+    first: dict[str, Record] = {}
+    for record in sorted(ev.events, key=lambda r: (r.partition, r.offset)):
+        value = record.value
+        if (
+            record.key in scope
+            and record.key not in first
+            and isinstance(value, dict)
+            and value.get("type") == "forgotten"
+            and _whole(value)
+        ):
+            first[record.key] = record
+    return first
+
+
+def check_forgets(ev: Evidence, calls: dict[str, list[dict[str, Any]]]) -> tuple[list[Violation], dict[str, Any]]:
+    """Issue 32 under kills: every conversation the run forgot has its proof on the log (and `forget` said so),
+    no router mutation or reply reached Chatwoot after it, and its latest record on `<app>.keys` is the fence."""
+    violations: list[Violation] = []
+    proofs = forgotten_records(ev)
+    for key, asked in sorted(ev.forgets.items()):
+        attempts = asked.get("attempts", [])
+        codes = [a.get("code") for a in attempts]
+        if key not in proofs:
+            violations.append(
+                Violation(
+                    "forget_incomplete",
+                    key,
+                    f"forgotten ({asked.get('when')}, asked at {asked.get('asked_at_s')}s) but no `Forgotten` record "
+                    f"on the conversations topic; `forget` exit codes {codes}",
+                    {"forget": asked},
+                )
+            )
+        elif 0 not in codes:
+            violations.append(
+                Violation(
+                    "forget_incomplete",
+                    key,
+                    f"its `Forgotten` record is on the log (offset {proofs[key].offset}) but `forget` never confirmed "
+                    f"it: exit codes {codes}",
+                    {"forget": asked},
+                )
+            )
+    in_flight: list[str] = []
+    reads_after: list[str] = []
+    for key, proof in sorted(proofs.items()):
+        at_s = int(proof.value["at_ms"]) / 1000
+        for call in calls.get(key, []):
+            arrived = float(call.get("at", 0.0))
+            if call.get("token") == "bot" and call["op"] in BOT_OPS and call.get("applied"):
+                if arrived > at_s:
+                    violations.append(
+                        Violation(
+                            "mutated_after_forgotten",
+                            key,
+                            f"{_call_text(call)} arrived {arrived - at_s:+.3f}s after the `Forgotten` record "
+                            f"(partition {proof.partition} offset {proof.offset}, at_ms {proof.value['at_ms']})",
+                            {"call": call, "forgotten_offset": proof.offset, "forgotten_at_ms": proof.value["at_ms"]},
+                        )
+                    )
+                elif float(call.get("applied_at", arrived)) > at_s:
+                    in_flight.append(f"{key}: {_call_text(call)} arrived {arrived - at_s:+.3f}s, applied after")
+            elif arrived > at_s and call.get("token") == "user":
+                reads_after.append(f"{key}: {call['op']} {arrived - at_s:+.3f}s")
+    tag_of = {key: tag for tag, key in ev.tags.items()}
+    systemone_after = []
+    for call in ev.systemone_calls:
+        text = json.dumps(call.get("body"))
+        for key, proof in proofs.items():
+            tag = tag_of.get(key)
+            if tag and tag in text and float(call.get("at", 0.0)) > int(proof.value["at_ms"]) / 1000:
+                systemone_after.append(key)
+    moments = Counter(forget_moment(ev, key, int(proof.value["at_ms"]) / 1000, calls) for key, proof in proofs.items())
+    keys: dict[str, list[Record]] = defaultdict(list)
+    for record in ev.keys:
+        keys[record.key].append(record)
+    for key in sorted(set(proofs) | set(ev.forgets)):
+        history = sorted(keys.get(key, []), key=lambda r: r.offset)
+        fences = [
+            r for r in history if isinstance(r.value, dict) and r.value.get("type") == "erased" and _whole(r.value)
+        ]
+        latest = history[-1].value if history else None
+        if not fences:
+            violations.append(
+                Violation(
+                    "keys_not_fenced",
+                    key,
+                    f"no erasure fence on the keys topic ({len(history)} records of it, latest {_key_text(latest)})",
+                    {"records": [asdict(r) for r in history]},
+                )
+            )
+            continue
+        after = [
+            r
+            for r in history
+            if r.offset > fences[0].offset and not (isinstance(r.value, dict) and r.value.get("type") == "erased")
+        ]
+        if after or not (isinstance(latest, dict) and latest.get("type") == "erased" and _whole(latest)):
+            violations.append(
+                Violation(
+                    "keys_not_fenced",
+                    key,
+                    f"fenced at offset {fences[0].offset}, but then "
+                    + ", ".join(f"{_key_text(r.value)} at offset {r.offset}" for r in after)
+                    + f"; latest {_key_text(latest)}",
+                    {"records": [asdict(r) for r in history]},
+                )
+            )
+    info = {
+        "forgets": len(ev.forgets),
+        "forgotten_records": len(proofs),
+        "moments": dict(moments),
+        "forget_attempts_failed": sum(1 for f in ev.forgets.values() for a in f.get("attempts", []) if a.get("code")),
+        "in_flight_at_forget": in_flight,
+        "reads_after_forgotten": reads_after,
+        "systemone_after_forgotten": sorted(set(systemone_after)),
+    }
+    return violations, info
+
+
+def forget_moment(ev: Evidence, key: str, at_s: float, calls: dict[str, list[dict[str, Any]]]) -> str:
+    """Where the conversation was when it was forgotten, as Chatwoot saw it: `before_routing` (no router call for
+    it yet), `mid_route` (pending or still the bot's, the router at work), `after_end` (the router had ended it)."""
+    seen: list[tuple[float, dict[str, Any]]] = []
+    router_calls = 0
+    for call in calls.get(key, []):
+        if call.get("applied") and float(call.get("applied_at", call["at"])) <= at_s:
+            router_calls += 1
+            if call.get("after"):
+                seen.append((float(call["applied_at"]), call["after"]))
+    for action in ev.person_actions:
+        if f"{action['account_id']}:{action['conversation_id']}" == key and float(action["at"]) <= at_s:
+            seen.append((float(action["at"]), action["after"]))
+    if not router_calls:
+        return "before_routing"
+    last = max(seen, key=lambda item: item[0])[1] if seen else {}
+    return "mid_route" if last.get("status") == "pending" or last.get("bot_assignee_id") is not None else "after_end"
+
+
+def _key_text(value: Any) -> str:
+    if value is None:
+        return "none (a tombstone, or no record)"
+    if not isinstance(value, dict):
+        return repr(value)[:60]
+    return f"{value.get('type')}" + (f" ({value.get('scope')})" if value.get("scope") else "")
+
+
 def check_generations(ev: Evidence) -> list[Violation]:
     """No changelog write of an older group generation lands after one of a newer generation in the same partition
     (issue 34): a worker that lost its partitions (paused past its session, or stuck in a revoke) must not write
@@ -677,7 +858,18 @@ def check(ev: Evidence) -> Verdict:
     unended = check_ended(ev, calls)
     tokens = check_tokens(ev)
     stale_writes = check_generations(ev)
-    violations = [*duplicates, *stale, *late, *unfolded, *unended, *skipped, *tokens, *stale_writes]
+    forget_violations, forget_info = check_forgets(ev, calls)
+    violations = [
+        *duplicates,
+        *stale,
+        *late,
+        *unfolded,
+        *unended,
+        *skipped,
+        *tokens,
+        *stale_writes,
+        *forget_violations,
+    ]
     if ev.audit is None:
         audit_count = -1
         violations.append(Violation("audit_differences", None, "audit --verify did not run"))
@@ -731,6 +923,7 @@ def check(ev: Evidence) -> Verdict:
         "repeated_mutations": len(repeats),
         "late_folds": sum(1 for lag in lags if lag["lag_s"] > LATE_FOLD_S),
         "stale_reads": stale_reads(ev),
+        **{name: sum(1 for v in forget_violations if v.check == name) for name in FORGET_CHECKS},
     }
     info = {
         "raced": raced,
@@ -754,6 +947,7 @@ def check(ev: Evidence) -> Verdict:
         "faults_fired": dict(Counter(str(c["fault"]) for c in ev.api_calls if c.get("fault"))),
         "endings": endings(ev),
         "audit_summary": ev.audit.summary if ev.audit else None,
+        "forgetting": forget_info,
     }
     return Verdict(counts, violations, info)
 
@@ -834,6 +1028,7 @@ async def collect(
     audit: AuditResult | None,
     tags: dict[str, str] | None = None,
     plans: dict[str, str] | None = None,
+    forgets: dict[str, dict[str, Any]] | None = None,
 ) -> Evidence:
     async with httpx.AsyncClient(timeout=60) as http:
         log = (await http.get(f"{sandbox_url}/_sandbox/log")).raise_for_status().json()
@@ -842,6 +1037,7 @@ async def collect(
     events = await read_topic(bootstrap, f"{app_id}.conversations")
     changelog = await read_topic(bootstrap, f"{app_id}-conversation_state-changelog")
     effects = await read_topic(bootstrap, f"{app_id}.effects")
+    keys = await read_topic(bootstrap, f"{app_id}.keys")
     return Evidence(
         scope=scope,
         bot_ids=bot_ids,
@@ -856,6 +1052,8 @@ async def collect(
         audit=audit,
         tags=tags or {},
         plans=plans or {},
+        keys=keys,
+        forgets=forgets or {},
     )
 
 
