@@ -81,6 +81,11 @@ class TableKeyRing:
         raw = self.table.get(conversation)
         return None if raw is None else KEY_RECORD.validate_python(raw)
 
+    def is_forgotten(self, conversation: str) -> bool:
+        """The conversation was forgotten whole: its key is the final fence (read raw: this is asked per command)."""
+        raw = self.table.get(conversation)
+        return isinstance(raw, dict) and raw.get("type") == "erased" and raw.get("scope", "conversation") != "text"
+
     def known(self, conversation: str) -> DataKey | None:
         """The conversation's data key; None when it has none (or its text expired); `Forgotten` after erasure."""
         cached = self._cached(conversation)

@@ -479,10 +479,13 @@ class WorkerService:
         for outcome in step.outcomes:
             report_turn(self.metrics, outcome)
         if isinstance(event, ForgetRequested):
+            forgotten_ms = getattr(step.state, "forgotten_ms", None)
             if event.scope == "text":
                 await self.expire_text(event, step.state)
-            elif not getattr(step.state, "forgotten_ms", None):
+            elif forgotten_ms is None:
                 await self.erase(key, event.reason, event.request_id)
+            else:  # forgotten before: the request gets its proof (the fence stays as it is), or `forget` waits in vain
+                await self.prove_forgotten(key, forgotten_ms, event.reason, event.request_id)
         elif source == "conversations" and self.says_missing(key, event, step, redelivered):
             # Chatwoot says the conversation no longer exists (§10.3; a contact deleted with its conversations
             # sends no webhook): nothing of it is kept readable (issue 32, automatic erasure)
@@ -550,9 +553,14 @@ class WorkerService:
             raise RuntimeError("this worker has no key ring: it cannot erase")
         self.keyring.erase(key, self.now_ms(), reason)
         dropped = await self.lanes.cancel(lambda lane: lane == key)
+        await self.prove_forgotten(key, self.now_ms(), reason, request_id)
+        log.info("conversation forgotten", extra={"key": key, "request_id": request_id, "dropped": dropped})
+
+    async def prove_forgotten(self, key: str, at_ms: int, reason: str, request_id: str | None) -> None:
+        """Write the `Forgotten` proof of an erasure and wait until it (and the fence before it) is acknowledged."""
         parsed = conversation_key_of(key)
         forgotten = Forgotten(
-            at_ms=self.now_ms(),
+            at_ms=at_ms,
             account_id=parsed.account_id,
             conversation_id=parsed.conversation_id,
             reason=reason,
@@ -560,7 +568,6 @@ class WorkerService:
         )
         await self.send("conversations", key, forgotten)
         await self.commit_cache()  # the fence and the proof acknowledged, or the worker stops
-        log.info("conversation forgotten", extra={"key": key, "request_id": request_id, "dropped": dropped})
 
     def unchained(self, key: str, step: Step) -> list[EffectCommand]:
         """The step's commands less the chained read this process already runs for that very copy."""
@@ -599,6 +606,15 @@ class WorkerService:
         """Hand a command to its lane only while its run awaits it and no execution of it started (DESIGN §6)."""
         command = decode_command(record.value)
         check_key(record.key, command.key)
+        if self.keyring is not None and self.keyring.is_forgotten(command.key):
+            # issued before the erasure, consumed after it, and before this worker folded its own `Forgotten`: the
+            # fold still awaits it, but nothing is done for a forgotten conversation any more (issue 32)
+            self.metrics.commands_dropped.labels(command.op, "forgotten").inc()
+            log.info(
+                "command not executed",
+                extra={"command_id": command.command_id, "op": command.op, "reason": "forgotten"},
+            )
+            return
         stored = self.tables.effect_attempts.get(command.key)
         attempted = Attempt.model_validate(stored) if isinstance(stored, dict) else None
         verdict = admit(command, self.awaited_command(command.key), attempted)

@@ -21,6 +21,7 @@ import uuid
 from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from pydantic import ValidationError
 
 from handlers.kafka.retry import KafkaUnusable
 from handlers.kafka.security import client_options
@@ -64,6 +65,17 @@ async def conversations_of_contact(env: WorkerEnv, account: int, contact: int) -
     return sorted(found)
 
 
+def proof_in(value: bytes | None) -> Forgotten | None:
+    """The `Forgotten` record `value` holds, or None: any other record (an outcome may name the reason "forgotten"),
+    or one this release cannot read, is passed over, never a crash."""
+    if value is None or b'"forgotten"' not in value:
+        return None
+    try:
+        return Forgotten.model_validate_json(value)
+    except ValidationError:
+        return None
+
+
 async def forget(env: WorkerEnv, keys: list[str], reason: str, timeout_s: float) -> dict[str, Forgotten]:
     """Ask for each erasure, then wait for each proof; returns the proofs found (by conversation key)."""
     topic = env.topic("conversations")
@@ -95,10 +107,8 @@ async def forget(env: WorkerEnv, keys: list[str], reason: str, timeout_s: float)
             while len(proofs) < len(asked):
                 for records in (await consumer.getmany(timeout_ms=500)).values():
                     for record in records:
-                        if record.value is None or b'"forgotten"' not in record.value:
-                            continue
-                        proof = Forgotten.model_validate_json(record.value)
-                        if proof.request_id in asked:
+                        proof = proof_in(record.value)
+                        if proof is not None and proof.request_id in asked:
                             proofs[asked[proof.request_id]] = proof
     except TimeoutError:
         pass

@@ -18,8 +18,10 @@ from handlers.worker.service import WorkerService, WorkerTables
 from projections.fold import fold
 from schemas.config import ConfigError, read_env
 from schemas.data_keys import KEY_RECORD, ErasedKey, WrappedDataKey
+from schemas.records import ForgetRequested
 from schemas.records import Forgotten as ForgottenRecord
 from schemas.state import ConversationState, Job
+from streams.admin.forget_cmd import proof_in
 from tests.unit.test_fold_driver import T0, FakeChatwoot, incoming, make_config
 from tests.unit.test_worker_service import KEY, Bus, deliver, new_service, new_tables, run_until_quiet, state, webhook
 
@@ -233,3 +235,46 @@ def test_fences_past_the_erasure_deadline_are_written_again_once_by_their_owner(
     writes = table.writes
     clock.now += deadline
     assert asyncio.run(keys.roll_fences({0}, deadline)) == set() and table.writes == writes  # once
+
+
+def forget_request(request_id: str) -> bytes:
+    return (
+        ForgetRequested(at_ms=T0, account_id=1, conversation_id=2, reason="customer asked", request_id=request_id)
+        .model_dump_json()
+        .encode()
+    )
+
+
+async def test_a_command_issued_before_an_erasure_and_consumed_after_it_is_never_executed() -> None:
+    """Found by `bench/chaos.py --forget-rate`: the fold awaits the command until the worker folds its own
+    `Forgotten`, so admission alone would still let it run against Chatwoot."""
+    chatwoot = FakeChatwoot(messages=[incoming(1, "I was charged twice")])
+    tables, bus, keys_table, clock = new_tables(), Bus(), MemoryTable(), Clock(T0)
+    service = retention_service(tables, chatwoot, clock, keys_table)
+    webhook(bus)
+    await deliver(service, bus, bus.records("conversations")[0])  # folded: its first read is issued
+    [command] = bus.records("effects")
+    await deliver(service, bus, bus.append("conversations", KEY, forget_request("r1")))
+    await deliver(service, bus, command)  # consumed after the erasure, before `Forgotten` is folded
+    assert chatwoot.ops() == [] and [p.request_id for p in proofs(bus)] == ["r1"]
+
+
+async def test_forgetting_a_forgotten_conversation_again_is_confirmed_with_the_fence_as_it_was() -> None:
+    tables, bus, keys_table, clock = new_tables(), Bus(), MemoryTable(), Clock(T0)
+    service = retention_service(tables, FakeChatwoot(), clock, keys_table)
+    await keyring_of(service).key_for(KEY)
+    bus.append("conversations", KEY, forget_request("r1"))
+    await run_until_quiet(service, bus)
+    fence = stored(keys_table)
+    clock.now += 1000
+    bus.append("conversations", KEY, forget_request("r2"))
+    await run_until_quiet(service, bus)
+    assert [p.request_id for p in proofs(bus)] == ["r1", "r2"]  # `forget` waits for its own request's proof
+    assert stored(keys_table) == fence and proofs(bus)[1].at_ms == fence.at_ms == T0
+
+
+def test_forget_passes_over_records_that_only_mention_forgotten() -> None:
+    outcome = b'{"type":"effect_outcome","error":{"kind":"missing","reason":"forgotten"}}'
+    assert proof_in(outcome) is None and proof_in(None) is None
+    proof = ForgottenRecord(at_ms=T0, account_id=1, conversation_id=2, reason="x", request_id="r")
+    assert proof_in(proof.model_dump_json().encode()) == proof
