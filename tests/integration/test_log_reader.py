@@ -36,7 +36,7 @@ from projections.whatif.tally import Selection
 from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.keys import partition_for
 from tests.golden.histories import histories, settings_of
-from tests.support.env import outside_env
+from tests.support.env import TEST_KEK, outside_env
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "tests" / "golden" / "demo"
@@ -99,6 +99,7 @@ def env_of(bootstrap: str, app_id: str, tmp: Path) -> dict[str, str]:
         "ROUTER_CONFIG": str(path),
         "ROUTER_RETRY_BASE_MS": str(retry_base_ms),
         "ROUTER_PARTITIONS": str(PARTITIONS),
+        "ROUTER_KEY_ENCRYPTION_KEY": TEST_KEK,  # the demo's histories hold text in clear: a copy seals it
     }
 
 
