@@ -55,6 +55,11 @@ class ErasedKey(_KeyRecord):
         exclude_if=lambda r: r is None,
         description="the request it answers: a request delivered again after a crash writes its proof again",
     )
+    contact_id: int | None = Field(
+        default=None,
+        exclude_if=lambda c: c is None,
+        description="with scope `text`: the contact id of the key it replaced, so `forget --contact` still finds it",
+    )
     again_ms: int | None = Field(
         default=None,
         exclude_if=lambda at: at is None,

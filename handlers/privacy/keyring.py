@@ -155,9 +155,14 @@ class TableKeyRing:
         scope: EraseScope = "conversation",
         request_id: str | None = None,
     ) -> None:
-        """Replace the conversation's key with the erasure fence (the caller waits at the barrier)."""
+        """Replace the conversation's key with the erasure fence (the caller waits at the barrier); a fence of
+        scope `text` keeps the contact id of the key it replaces (`forget --contact` finds the conversation)."""
         self._cache.pop(conversation, None)
-        fence = ErasedKey(key=conversation, at_ms=at_ms, reason=reason, scope=scope, request_id=request_id)
+        before = self.record(conversation) if scope == "text" else None
+        contact_id = before.contact_id if before is not None else None
+        fence = ErasedKey(
+            key=conversation, at_ms=at_ms, reason=reason, scope=scope, request_id=request_id, contact_id=contact_id
+        )
         self._write(conversation, fence)
 
     def text_outlived(self, conversation: str, cutoff_ms: int) -> bool:

@@ -31,6 +31,7 @@ class ReaderKeys:
         self.keks = keks
         self.keys: dict[str, WrappedDataKey] = {}
         self.erased: dict[str, ErasedKey] = {}
+        self.contacts: dict[str, int] = {}  # conversation -> the contact its latest key record names
         self._opened: dict[str, DataKey | None] = {}
 
     def add(self, raw: bytes | None, only: set[str] | None = None) -> None:
@@ -45,6 +46,10 @@ class ReaderKeys:
         if only is not None and record.key not in only:
             return
         self._opened.pop(record.key, None)
+        if record.contact_id is not None:
+            self.contacts[record.key] = record.contact_id
+        else:
+            self.contacts.pop(record.key, None)
         if isinstance(record, ErasedKey):
             self.keys.pop(record.key, None)
             if record.scope == "conversation":  # `text`: only what was sealed before it is gone (the log says so)

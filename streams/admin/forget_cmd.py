@@ -55,12 +55,13 @@ def _pair(text: str, what: str) -> tuple[int, int]:
 
 
 async def conversations_of_contact(env: WorkerEnv, account: int, contact: int) -> list[str]:
-    """The conversations whose data key names this contact (and is not erased yet)."""
+    """The conversations whose latest key record names this contact: a data key, or the fence of a text erasure
+    (ROUTER_TEXT_RETENTION_DAYS: its text is gone, but the conversation is not forgotten yet)."""
     keys = await read_reader_keys(env.bootstrap, env.app_id)
     found = []
-    for key, record in keys.keys.items():
+    for key, contact_id in keys.contacts.items():
         parsed = parse_key(key)
-        if isinstance(parsed, ConversationKey) and parsed.account_id == account and record.contact_id == contact:
+        if isinstance(parsed, ConversationKey) and parsed.account_id == account and contact_id == contact:
             found.append(key)
     return sorted(found)
 

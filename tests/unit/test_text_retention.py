@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 
 import pytest
 
 from handlers.privacy.kek import KEK_VAR, require_keks
 from handlers.privacy.keyring import Forgotten, TableKeyRing
+from handlers.privacy.reader_keys import ReaderKeys
 from handlers.privacy.retention import TEXT_RETENTION, TextRetention, scan_every_s, text_request, touch_every_ms
 from handlers.worker.ports import MemorySink, MemoryTable
 from handlers.worker.service import WorkerService, WorkerTables
@@ -278,3 +280,18 @@ def test_forget_passes_over_records_that_only_mention_forgotten() -> None:
     assert proof_in(outcome) is None and proof_in(None) is None
     proof = ForgottenRecord(at_ms=T0, account_id=1, conversation_id=2, reason="x", request_id="r")
     assert proof_in(proof.model_dump_json().encode()) == proof
+
+
+def test_a_text_erasure_keeps_the_contact_so_forget_by_contact_still_finds_the_conversation() -> None:
+    table, clock = MemoryTable(), Clock(T0)
+    keys = ring(table, clock)
+    asyncio.run(keys.key_for("1:2", contact_id=42))
+    asyncio.run(keys.key_for("1:3", contact_id=42))
+    keys.erase("1:2", T0, TEXT_RETENTION, scope="text", request_id="r")
+    keys.erase("1:3", T0, "customer asked")
+    fence = stored(table, "1:2")
+    assert isinstance(fence, ErasedKey) and fence.contact_id == 42
+    reader = ReaderKeys(None)
+    for conversation in ("1:2", "1:3"):
+        reader.add(json.dumps(table.get(conversation)).encode())
+    assert reader.contacts == {"1:2": 42}  # a conversation forgotten whole is not found again
