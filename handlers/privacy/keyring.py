@@ -18,8 +18,8 @@ import asyncio
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Iterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
+from typing import Any, Protocol
 
 from handlers.privacy.envelope import KEY_BYTES, DataKey, KeyEncryptionKey
 from handlers.privacy.kek import KeyEncryptionKeys
@@ -177,26 +177,31 @@ class TableKeyRing:
             if isinstance(record, WrappedDataKey) and self.partition_of(conversation) in owned:
                 yield conversation, record.last_used_ms
 
-    async def rewrap_retired(self, owned: Collection[int], limit: int = 1000) -> int:
-        """Wrap again under the current KEK up to `limit` data keys of the `owned` partitions that a retired KEK
-        wrapped (the rotation: docs/privacy.md); returns how many. Only this partition's owner writes its keys.
-        The table is read lazily, letting the worker's other work run every `YIELD_EVERY` keys; each key is read
-        again right before it is written, so an erasure that came in between is never overwritten."""
-        current = self.keks.current
-        done = 0
+    async def _owned(self, owned: Collection[int], wanted: Callable[[dict[str, Any]], bool]) -> AsyncIterator[str]:
+        """The conversations of the `owned` partitions whose stored record (raw) is `wanted`: the table read lazily,
+        letting the worker's other work run every `YIELD_EVERY` keys. A caller reads each one again right before
+        it writes it (`record`), so a write that came in between is never overwritten."""
         for seen, (conversation, raw) in enumerate(self.table.items(), 1):
-            if done >= limit:
-                break
             if seen % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
-            if raw.get("kek_id") in (None, current.kek_id) or self.partition_of(conversation) not in owned:
-                continue  # a fence, or wrapped under the current KEK already
+            if isinstance(raw, dict) and wanted(raw) and self.partition_of(conversation) in owned:
+                yield conversation
+
+    async def rewrap_retired(self, owned: Collection[int], limit: int = 1000) -> int:
+        """Wrap again under the current KEK up to `limit` data keys of the `owned` partitions that a retired KEK
+        wrapped (the rotation: docs/privacy.md); returns how many. Only this partition's owner writes its keys."""
+        current = self.keks.current
+        done = 0
+        async for conversation in self._owned(owned, lambda raw: raw.get("kek_id") not in (None, current.kek_id)):
+            if done >= limit:
+                break
             record = self.record(conversation)
             if not isinstance(record, WrappedDataKey) or record.kek_id == current.kek_id:
                 continue
             key = self.keks.unwrap(record.kek_id, record.wrapped, conversation)
-            again = record.model_copy(update={"kek_id": current.kek_id, "wrapped": current.wrap(key)})
-            self._write(conversation, again)
+            self._write(
+                conversation, record.model_copy(update={"kek_id": current.kek_id, "wrapped": current.wrap(key)})
+            )
             done += 1
         if done and self.durable is not None:
             await self.durable()
@@ -208,23 +213,20 @@ class TableKeyRing:
         nothing else writes to, the segment holding the erased key's old value would never be compacted. Returns
         the partitions written (the caller compacts its own store of them too)."""
         now = self.now_ms()
+
+        def due(raw: dict[str, Any]) -> bool:
+            return raw.get("type") == "erased" and raw.get("again_ms") is None and raw["at_ms"] + deadline_ms <= now
+
         rolled: set[int] = set()
         done = 0
-        for seen, (conversation, raw) in enumerate(self.table.items(), 1):
+        async for conversation in self._owned(owned, due):
             if done >= limit:
                 break
-            if seen % YIELD_EVERY == 0:
-                await asyncio.sleep(0)
-            if raw.get("type") != "erased" or raw.get("again_ms") is not None or raw["at_ms"] + deadline_ms > now:
-                continue
-            partition = self.partition_of(conversation)
-            if partition not in owned:
-                continue
             record = self.record(conversation)
             if not isinstance(record, ErasedKey) or record.again_ms is not None:
                 continue
             self._write(conversation, record.model_copy(update={"again_ms": now}))
-            rolled.add(partition)
+            rolled.add(self.partition_of(conversation))
             done += 1
         if rolled and self.durable is not None:
             await self.durable()

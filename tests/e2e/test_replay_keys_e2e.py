@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -30,7 +29,7 @@ from tests.golden.histories import ROOT as GOLDEN
 from tests.golden.histories import settings_of
 from tests.support.env import TEST_KEK, outside_env
 from tests.support.kafka import read_all
-from tests.support.processes import ROOT
+from tests.support.processes import run_cli
 from tests.support.stack import SALES, Stack
 
 DEMO = GOLDEN / "demo"
@@ -38,15 +37,7 @@ PARTITIONS = 2
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "streams.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    return run_cli(env, *args, timeout_s=240)
 
 
 def key_records(bootstrap: str, app: str) -> dict[str, list[dict[str, Any]]]:

@@ -9,14 +9,13 @@ others, and `audit --verify` of the new app is clean. In place, the rebuild refu
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from streams.kafka.local import free_port
-from tests.support.processes import ROOT, Process
+from tests.support.processes import Process, run_cli
 from tests.support.stack import BILLING, Stack, bot_messages
 from tests.support.waiting import wait_until
 
@@ -26,15 +25,7 @@ MUTATIONS = ("toggle_status", "assign", "set_labels", "create_message")
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "streams.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    return run_cli(env, *args, timeout_s=180)
 
 
 def calls(stack: Stack, conversation: int, ops: tuple[str, ...] | None = None) -> list[dict[str, Any]]:

@@ -11,7 +11,6 @@ import asyncio
 import json
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 
 from streams.kafka.ports import free_port
 from streams.worker_cmd import REFUSED_RETRY_S
-from tests.support.processes import ROOT, Process
+from tests.support.processes import Process, run_cli
 from tests.support.secure_kafka import SecureKafka
 from tests.support.stack import BILLING, Stack
 from tests.support.waiting import wait_until
@@ -36,15 +35,7 @@ def as_role(stack: Stack, kafka: SecureKafka, role: str, **extra: str) -> dict[s
 
 
 def cli(env: dict[str, str], *args: str, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "streams.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
+    return run_cli(env, *args, timeout_s=timeout_s)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -37,6 +36,7 @@ from schemas.configs import ConfigBook, ConfigDocument, FoldSettings
 from schemas.keys import partition_for
 from tests.golden.histories import histories, settings_of
 from tests.support.env import TEST_KEK, outside_env
+from tests.support.processes import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "tests" / "golden" / "demo"
@@ -104,15 +104,7 @@ def env_of(bootstrap: str, app_id: str, tmp: Path) -> dict[str, str]:
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "streams.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    return run_cli(env, *args, timeout_s=180)
 
 
 async def applied_log(bootstrap: str, app_id: str, copies: int) -> tuple[ConfigDocument, list[str]]:

@@ -4,12 +4,28 @@ the way the tests have always run their children."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from handlers.processes import Child
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: children run from here
+
+
+def run_cli(env: dict[str, str], *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
+    """`chatwoot-router ARGS` run to its end from the repository with `env`, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "streams.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
 
 _RUNNING: dict[str, tuple[str, Callable[[], object], Callable[[], bool]]] = {}
 
