@@ -20,6 +20,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+from handlers.logs.shards import FORK_LOCK
 from projections.console.overview import ConversationSummary, Ending, OverviewCounts
 from schemas.state import ConversationState
 
@@ -43,20 +44,22 @@ class Snapshot:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.topic = topic
-        self.db = sqlite3.connect(path, timeout=60)  # a first build writes from several processes at once
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute(
-            "CREATE TABLE IF NOT EXISTS summaries (key TEXT PRIMARY KEY, partition INTEGER, state TEXT, "
-            "ending TEXT, loud INTEGER)"
-        )
-        self.db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT)")
-        self.db.commit()
+        with FORK_LOCK:  # every use of SQLite here: a build's processes are never forked in the middle of one
+            self.db = sqlite3.connect(path, timeout=60)  # a first build writes from several processes at once
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS summaries (key TEXT PRIMARY KEY, partition INTEGER, state TEXT, "
+                "ending TEXT, loud INTEGER)"
+            )
+            self.db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT)")
+            self.db.commit()
         self._cache: OrderedDict[str, ConversationSummary] = OrderedDict()
         self._dirty: dict[str, tuple[int, ConversationSummary]] = {}
 
     def close(self) -> None:
-        self.db.close()
+        with FORK_LOCK:
+            self.db.close()
 
     # --- SummaryStore ---
 
@@ -68,7 +71,8 @@ class Snapshot:
         if cached is not None:
             self._cache.move_to_end(key)
             return cached
-        row = self.db.execute("SELECT state, ending, loud FROM summaries WHERE key = ?", (key,)).fetchone()
+        with FORK_LOCK:
+            row = self.db.execute("SELECT state, ending, loud FROM summaries WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
         summary = ConversationSummary(ConversationState.model_validate_json(row[0]), Ending(row[1], bool(row[2])))
@@ -93,7 +97,7 @@ class Snapshot:
 
     def commit_states(self) -> None:
         """Write the changed summaries only (a build process of one partition; the parent commits the rest)."""
-        with self.db:
+        with FORK_LOCK, self.db:
             self.db.executemany("INSERT OR REPLACE INTO summaries VALUES (?, ?, ?, ?, ?)", self._rows())
         self._dirty.clear()
 
@@ -113,7 +117,7 @@ class Snapshot:
             "positions": {str(p): o for p, o in positions.items()},
             "versions": {str(p): v for p, v in versions.items()},
         }
-        with self.db:
+        with FORK_LOCK, self.db:
             self.db.executemany("INSERT OR REPLACE INTO summaries VALUES (?, ?, ?, ?, ?)", rows)
             self.db.executemany(
                 "INSERT OR REPLACE INTO meta VALUES (?, ?)", [(name, json.dumps(v)) for name, v in meta.items()]
@@ -122,7 +126,9 @@ class Snapshot:
 
     def load(self) -> Loaded | None:
         """The snapshot's counts and positions; None when there is none (or it is of another format or topic)."""
-        meta = {name: json.loads(value) for name, value in self.db.execute("SELECT name, value FROM meta")}
+        with FORK_LOCK:
+            rows = self.db.execute("SELECT name, value FROM meta").fetchall()
+        meta = {name: json.loads(value) for name, value in rows}
         if meta.get("format") != FORMAT or meta.get("topic") != self.topic or "counts" not in meta:
             return None
         return Loaded(
@@ -134,12 +140,13 @@ class Snapshot:
     def folded_so_far(self) -> tuple[int, Counter[str]]:
         """The conversations whose summaries are committed, and their endings by result (what a first build has
         folded so far: its processes commit as they go)."""
-        rows = self.db.execute("SELECT ending, COUNT(*) FROM summaries GROUP BY ending").fetchall()
+        with FORK_LOCK:
+            rows = self.db.execute("SELECT ending, COUNT(*) FROM summaries GROUP BY ending").fetchall()
         return sum(n for _, n in rows), Counter({ending: n for ending, n in rows if ending is not None})
 
     def reset(self) -> None:
         """Forget everything (the snapshot does not fit the topic): the console folds the log again."""
-        with self.db:
+        with FORK_LOCK, self.db:
             self.db.execute("DELETE FROM summaries")
             self.db.execute("DELETE FROM meta")
         self._cache.clear()

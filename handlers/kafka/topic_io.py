@@ -90,11 +90,15 @@ async def read_topic(
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **client_options())
     await consumer.start()
     try:
-        consumer.assign(assigned)
-        await consumer.seek_to_beginning(*assigned)
+        # the ends first, and only partitions with records assigned: asked after the assignment, the question waits
+        # behind a fetch's long poll (half a second per read of an empty partition, such as a new app's keys)
         ends = await consumer.end_offsets(assigned)
         remaining = {tp for tp, end in ends.items() if end > 0}
         started, count = time.monotonic(), 0
+        if not remaining:
+            return 0
+        consumer.assign(sorted(remaining))
+        await consumer.seek_to_beginning(*remaining)
         while remaining:
             batches = await consumer.getmany(*remaining, timeout_ms=500)
             for tp, records in batches.items():

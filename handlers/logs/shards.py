@@ -37,6 +37,13 @@ def jobs_for(records: int, jobs: int | None) -> int:
     return 1 if records < SMALL_READ else (jobs or default_jobs())
 
 
+FORK_LOCK = threading.Lock()
+"""Held while the pool's processes are forked. A library lock another thread of this process holds at the fork
+(SQLite's, inside a query of the console's snapshot) stays held for good in the child, whose first use of that
+library then waits forever: code that runs such a library beside `run_sharded` takes this lock around each use
+(`handlers/console/snapshot.py`)."""
+
+
 class ShardFailed(RuntimeError):
     """A task failed in its process; `str()` names the partition and the error (the traceback stays there)."""
 
@@ -62,7 +69,8 @@ def run_sharded(
     # (`_init_child`): a child ended before its initializer ran must not run the parent's handler (console stop)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        pool = context.Pool(min(jobs, len(order)), initializer=_init_child, initargs=(messages,))
+        with FORK_LOCK:
+            pool = context.Pool(min(jobs, len(order)), initializer=_init_child, initargs=(messages,))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     with pool:
@@ -117,6 +125,8 @@ def _init_child(messages: Any) -> None:
     it would stop the parent."""
     global _progress_queue
     _progress_queue = messages
+    if FORK_LOCK.locked():
+        FORK_LOCK.release()  # forked while the parent held it: here nothing else holds it
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)

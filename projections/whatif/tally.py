@@ -88,7 +88,12 @@ class TurnTally:
     undecided: int = 0
     unlisted: int = 0
     kept: Counter[bool] = field(default_factory=Counter)  # rows listed: unchanged (True) and the others
-    opener: InputOpener | None = field(default=None, repr=False, compare=False)  # not pickled: set in each shard
+    opener: InputOpener | None = field(default=None, repr=False, compare=False)  # set in each shard, never pickled
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled without its opener: it holds the data keys its process opened, which never leave it (and do
+        not pickle: a shard's tally goes back to the parent of `whatif --jobs N`)."""
+        return {**self.__dict__, "opener": None}
 
     def __call__(self, turn: RecordedTurn) -> None:
         if self.selection(turn):

@@ -7,10 +7,12 @@ import asyncio
 import functools
 import io
 import os
+import pickle
 import signal
+import threading
 
 from handlers.logs.progress import ReadProgress
-from handlers.logs.shards import run_sharded
+from handlers.logs.shards import FORK_LOCK, run_sharded
 from projections.logs.scan import History, PartitionHead, conversation_scan
 from projections.logs.verify import Verified, diff_states
 from projections.whatif.record import TurnRecorder
@@ -165,3 +167,35 @@ async def test_a_pool_of_processes_never_wakes_the_parents_signal_handlers() -> 
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
         signal.signal(signal.SIGTERM, previous)  # remove_signal_handler leaves the default, not what was there
+
+
+async def _under_the_fork_lock(partition: int, progress: object) -> int:
+    with FORK_LOCK:  # what the console's snapshot does around each SQLite call, in a build's process
+        return partition
+
+
+def test_a_pool_is_forked_under_the_fork_lock_and_its_processes_can_take_it() -> None:
+    """The console's first build forks while its main thread may be inside SQLite; a lock held at the fork stays
+    held in the child for good. The pool is forked holding `FORK_LOCK` (so no SQLite call is under way), and each
+    process lets go of the copy it inherited: a task that takes it finishes (without that, it waits forever)."""
+    task = functools.partial(_under_the_fork_lock)
+    results: list[dict[int, int]] = []
+    runner = threading.Thread(target=lambda: results.append(run_sharded(task, {0: 1, 1: 1}, jobs=2)), daemon=True)
+    runner.start()
+    runner.join(60)  # a deadline, not a measure: a process stuck on the inherited lock never ends
+    assert results == [{0: 0, 1: 1}], "a pool process waited forever on the lock it inherited"
+    assert not FORK_LOCK.locked()
+
+
+def test_a_tally_goes_back_to_the_parent_without_the_data_keys_its_process_opened() -> None:
+    """`whatif --jobs N` on a sealed log: a shard's tally holds the opener of its process's data keys (AES-GCM
+    objects, which do not pickle and must not leave the process)."""
+    from handlers.privacy.envelope import DataKey
+    from handlers.privacy.reader_keys import ReaderKeys
+
+    keys = ReaderKeys(None)
+    keys._opened["1:1"] = DataKey.new("1:1")
+    tally = TurnTally(Driver().config)
+    tally.opener = keys.plain_input
+    copy = pickle.loads(pickle.dumps(tally))
+    assert copy.opener is None and tally.opener is not None and copy.counts == tally.counts
