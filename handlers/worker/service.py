@@ -84,6 +84,7 @@ from schemas.records import (
     EffectError,
     EffectOutcome,
     ForgetRequested,
+    ForgetScope,
     Forgotten,
     Record,
     SweepRequested,
@@ -523,16 +524,7 @@ class WorkerService:
                 log.info("text retention not applied: the conversation was active since", extra={"key": key})
                 return
             self.keyring.erase(key, now, request.reason, scope="text", request_id=request.request_id)
-        proof = Forgotten(
-            at_ms=now,
-            account_id=request.account_id,
-            conversation_id=request.conversation_id,
-            reason=request.reason,
-            request_id=request.request_id,
-            scope="text",
-        )
-        await self.send("conversations", key, proof)
-        await self.commit_cache()  # the fence and the proof acknowledged, or the worker stops
+        await self.prove_forgotten(key, now, request.reason, request.request_id, scope="text")
         log.info("conversation text erased", extra={"key": key, "reason": request.reason})
 
     async def request_text_expiry(self, owned: Collection[int]) -> int:
@@ -556,7 +548,9 @@ class WorkerService:
         await self.prove_forgotten(key, self.now_ms(), reason, request_id)
         log.info("conversation forgotten", extra={"key": key, "request_id": request_id, "dropped": dropped})
 
-    async def prove_forgotten(self, key: str, at_ms: int, reason: str, request_id: str | None) -> None:
+    async def prove_forgotten(
+        self, key: str, at_ms: int, reason: str, request_id: str | None, *, scope: ForgetScope = "conversation"
+    ) -> None:
         """Write the `Forgotten` proof of an erasure and wait until it (and the fence before it) is acknowledged."""
         parsed = conversation_key_of(key)
         forgotten = Forgotten(
@@ -565,6 +559,7 @@ class WorkerService:
             conversation_id=parsed.conversation_id,
             reason=reason,
             request_id=request_id,
+            scope=scope,
         )
         await self.send("conversations", key, forgotten)
         await self.commit_cache()  # the fence and the proof acknowledged, or the worker stops
