@@ -129,7 +129,8 @@ class RequestBudget:
                 self._wake.clear()
                 # a new rate or a cancelled waiter may change what is due: look again when woken
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
                 continue
             queue.popleft()
             if not queue:

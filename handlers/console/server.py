@@ -121,7 +121,8 @@ def create_app(
             return page(render_message("Not a conversation", "Give account:conversation, e.g. 1:42."), 400)
         status = await sources.refresh()
         try:
-            timeline = await asyncio.wait_for(_timeline(model, key), PAGE_WAIT_S)
+            async with asyncio.timeout(PAGE_WAIT_S):
+                timeline = await _timeline(model, key)
         except TimeoutError:  # its records are still being read (or the log is not there yet): say so
             return page(render_conversation(key, None, status=status, reading=True), 202)
         html = render_conversation(key, timeline, status=status)
@@ -133,7 +134,8 @@ def create_app(
             return web.json_response({"error": "not a conversation key"}, status=400)
         status = await sources.refresh()
         try:
-            timeline = await asyncio.wait_for(_timeline(model, key), API_WAIT_S)
+            async with asyncio.timeout(API_WAIT_S):
+                timeline = await _timeline(model, key)
         except TimeoutError:  # still being read from the log: say so now, the next poll has it
             return web.json_response(
                 {

@@ -237,7 +237,8 @@ class Sources:
 
     async def _measure_lag(self) -> None:
         try:
-            self._lag = await asyncio.wait_for(self._group_lag(), 5.0)
+            async with asyncio.timeout(5.0):
+                self._lag = await self._group_lag()
             self._lag_error = None
         except Exception as exc:
             self._lag, self._lag_error = None, f"lag not available: {type(exc).__name__}"

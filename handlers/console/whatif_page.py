@@ -88,7 +88,8 @@ def add_whatif_routes(app: web.Application, runner: WhatifRunner | None, page: P
         book_error = None
         if runner is not None:
             try:
-                versions = _versions(await asyncio.wait_for(runner.book(), BOOK_TIMEOUT_S))
+                async with asyncio.timeout(BOOK_TIMEOUT_S):
+                    versions = _versions(await runner.book())
             except Exception as exc:  # Kafka away: the form still takes a pasted candidate
                 book_error = f"the applied versions cannot be read now ({type(exc).__name__})"
         if text is None:

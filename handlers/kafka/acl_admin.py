@@ -81,8 +81,10 @@ async def grant(bootstrap: str, client_options: Mapping[str, Any], acls: list[Ac
     client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000, **client_options)
     deadline = time.monotonic() + timeout
     try:
-        await asyncio.wait_for(client.bootstrap(), timeout)
-        await asyncio.wait_for(create(client, acls), max(1.0, deadline - time.monotonic()))
+        async with asyncio.timeout(timeout):
+            await client.bootstrap()
+        async with asyncio.timeout(max(1.0, deadline - time.monotonic())):
+            await create(client, acls)
         wanted = {(acl.principal, *_wire(acl)) for acl in acls}
         for broker in sorted(client.cluster.brokers(), key=lambda b: b.nodeId):
             while True:

@@ -85,5 +85,6 @@ class CatchUp:
             return False
         event = self._events.setdefault(partition, asyncio.Event())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
         return self.caught_up(partition)

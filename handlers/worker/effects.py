@@ -268,8 +268,9 @@ class EffectExecutor:
                 # shield: a cancelled duplicate must not cancel the call the first caller is awaiting
                 await asyncio.shield(running)
             except asyncio.CancelledError:
-                if not running.cancelled():
-                    raise
+                me = asyncio.current_task()
+                if not running.cancelled() or (me is not None and me.cancelling()):
+                    raise  # our own cancel, even when it meets the first caller's
                 # the first caller was cancelled: look again, and ask ourselves if nobody remembers
         future: asyncio.Future[EffectOutcome] = asyncio.get_running_loop().create_future()
         self._deciding[key] = future

@@ -802,7 +802,8 @@ class WorkerService:
         if not self.lanes.pending:
             return
         try:
-            await asyncio.wait_for(self.lanes.drain(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self.lanes.drain()
         except TimeoutError:
             log.warning(f"effects still running {why}", extra={"pending": self.lanes.pending})
 

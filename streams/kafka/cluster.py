@@ -262,8 +262,10 @@ def registered_brokers(
             bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000), **(client_options or {})
         )
         try:
-            await asyncio.wait_for(admin.start(), timeout)
-            cluster = await asyncio.wait_for(admin.describe_cluster(), timeout)
+            async with asyncio.timeout(timeout):
+                await admin.start()
+            async with asyncio.timeout(timeout):
+                cluster = await admin.describe_cluster()
             return {int(broker["node_id"]) for broker in cluster["brokers"]}
         except Exception:
             return set()
@@ -282,10 +284,12 @@ async def _describe_partitions(
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000, **client_options)
     deadline = time.monotonic() + timeout
     try:
-        await asyncio.wait_for(admin.start(), timeout)
+        async with asyncio.timeout(timeout):
+            await admin.start()
         while True:
             try:  # the admin asks a random known broker, which may be the one just stopped: ask again
-                topics = await asyncio.wait_for(admin.describe_topics(), 5)
+                async with asyncio.timeout(5):
+                    topics = await admin.describe_topics()
                 break
             except Exception:
                 if time.monotonic() > deadline:

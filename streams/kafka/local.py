@@ -279,8 +279,10 @@ def broker_answers(bootstrap: str, timeout: float = 5.0, client_options: Mapping
             bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000), **(client_options or {})
         )
         try:
-            await asyncio.wait_for(admin.start(), timeout)
-            await asyncio.wait_for(admin.describe_cluster(), timeout)
+            async with asyncio.timeout(timeout):
+                await admin.start()
+            async with asyncio.timeout(timeout):
+                await admin.describe_cluster()
             return True
         except Exception:
             return False

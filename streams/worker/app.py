@@ -535,7 +535,8 @@ class WorkerApp:
 
         One dead broker of several is not "unreachable" (handlers/kafka/cluster_probe.py)."""
         try:
-            await asyncio.wait_for(self.cluster_probe.answer(), BROKER_PROBE_TIMEOUT_S)
+            async with asyncio.timeout(BROKER_PROBE_TIMEOUT_S):
+                await self.cluster_probe.answer()
         except Exception as exc:
             if self.broker_ok:
                 log.error("broker unreachable", extra={"error_type": type(exc).__name__})
@@ -557,7 +558,8 @@ class WorkerApp:
         while True:
             await asyncio.sleep(GROUP_RIGHT_PROBE_S)
             try:
-                await asyncio.wait_for(self.group_right.check(), GROUP_RIGHT_PROBE_S)
+                async with asyncio.timeout(GROUP_RIGHT_PROBE_S):  # not wait_for, which on 3.11 can swallow a stop
+                    await self.group_right.check()
             except Exception as exc:
                 line = refusal_reason(exc)
                 if line is not None:

@@ -88,3 +88,40 @@ def test_a_probe_without_an_answer_does_not_stop_the_worker(monkeypatch: pytest.
     stops = watch(probe, monkeypatch, for_s=0.3)
     assert stops == []
     assert probe.asked >= 3
+
+
+
+class Escape(BaseException):
+    """Raised by the probe once the test has seen the stop fail, so a failing test still ends."""
+
+
+def test_stopping_the_watch_ends_it_even_as_a_probe_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's stop cancels the watch at any point of a probe; Python 3.11's `wait_for` swallowed a cancel
+    that met an answer already in, and the watch (and the stop awaiting it) then ran for good."""
+    monkeypatch.setattr(worker_app, "GROUP_RIGHT_PROBE_S", 1e-6)
+    escape = False
+
+    async def check() -> None:
+        if escape:
+            raise Escape
+
+    worker: Any = SimpleNamespace(group_right=SimpleNamespace(check=check), service=SimpleNamespace(stop=print))
+
+    async def stopped_after(steps: int) -> bool:
+        nonlocal escape
+        escape = False
+        task = asyncio.ensure_future(worker_app.WorkerApp.watch_group_right(worker))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=1.0)
+        if not done:
+            escape = True
+            with contextlib.suppress(Escape):
+                await task
+        return bool(done)
+
+    async def run() -> list[int]:
+        return [steps for steps in range(1, 40) if not await stopped_after(steps)]
+
+    assert asyncio.run(run()) == []  # the step counts at which the stop did not end the watch
