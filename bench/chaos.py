@@ -841,10 +841,13 @@ class Chaos:
             if pid is None or not victim.alive():
                 continue
             pause_s = self.rng.uniform(20.0, 40.0)
+            starts = victim.starts
             os.kill(pid, signal.SIGSTOP)
             self.note(f"pause {n}/{self.o.pauses}", process=victim.name, pid=pid, for_s=round(pause_s, 1))
             await asyncio.sleep(pause_s)
-            if victim.pid == pid:  # not killed and restarted meanwhile
+            # not killed meanwhile (the kill loop may hit a frozen worker; between its kill and the restart the
+            # pid is still the dead one's): only a worker that wakes must fence itself
+            if victim.starts == starts and victim.wanted and victim.pid == pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
                 self.note(f"resumed {n}/{self.o.pauses}", process=victim.name, pid=pid)
