@@ -36,6 +36,14 @@ class WrappedDataKey(_KeyRecord):
         "`TOUCH_EVERY_MS` stale): the retention counts from it",
     )
 
+    fence_ms: int | None = Field(
+        default=None,
+        exclude_if=lambda at: at is None,
+        description="made over a text fence (ROUTER_TEXT_RETENTION_DAYS) written then and not yet written again: "
+        "its owner writes this key again (without it) once that erasure's deadline has passed, as it would the "
+        "fence (`again_ms`), so the cleaner removes the erased key's old value from a quiet partition too",
+    )
+
     @property
     def last_used_ms(self) -> int:
         return self.used_ms if self.used_ms is not None else self.created_ms

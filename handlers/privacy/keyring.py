@@ -117,12 +117,14 @@ class TableKeyRing:
         key = DataKey.new(conversation)
         current: KeyEncryptionKey = self.keks.current
         now = self.now_ms()
+        replaced = self.record(conversation)  # a text fence, or nothing (`_cached` raised on any other fence)
         record = WrappedDataKey(
             key=conversation,
             kek_id=current.kek_id,
             wrapped=current.wrap(key),
             created_ms=now,
             contact_id=contact_id,
+            fence_ms=replaced.at_ms if isinstance(replaced, ErasedKey) and replaced.again_ms is None else None,
         )
         self._write(conversation, record)  # a worker that may have lost the partition writes no key (the fence)
         if self.durable is not None:
@@ -210,12 +212,15 @@ class TableKeyRing:
     async def roll_fences(self, owned: Collection[int], deadline_ms: int, limit: int = 1000) -> set[int]:
         """Write again, once, each fence of the `owned` partitions whose erasure deadline has passed: Kafka rolls the
         active segment of `<app>.keys` (at `max.compaction.lag.ms`) only when a record is appended, so on a partition
-        nothing else writes to, the segment holding the erased key's old value would never be compacted. Returns
-        the partitions written (the caller compacts its own store of them too)."""
+        nothing else writes to, the segment holding the erased key's old value would never be compacted. A key
+        made over a text fence before that fence was written again stands for it (`fence_ms`). Returns the
+        partitions written (the caller compacts its own store of them too)."""
         now = self.now_ms()
 
         def due(raw: dict[str, Any]) -> bool:
-            return raw.get("type") == "erased" and raw.get("again_ms") is None and raw["at_ms"] + deadline_ms <= now
+            if raw.get("type") == "erased":
+                return raw.get("again_ms") is None and raw["at_ms"] + deadline_ms <= now
+            return raw.get("fence_ms") is not None and raw["fence_ms"] + deadline_ms <= now
 
         rolled: set[int] = set()
         done = 0
@@ -223,9 +228,12 @@ class TableKeyRing:
             if done >= limit:
                 break
             record = self.record(conversation)
-            if not isinstance(record, ErasedKey) or record.again_ms is not None:
+            if isinstance(record, ErasedKey) and record.again_ms is None:
+                self._write(conversation, record.model_copy(update={"again_ms": now}))
+            elif isinstance(record, WrappedDataKey) and record.fence_ms is not None:
+                self._write(conversation, record.model_copy(update={"fence_ms": None}))
+            else:
                 continue
-            self._write(conversation, record.model_copy(update={"again_ms": now}))
             rolled.add(self.partition_of(conversation))
             done += 1
         if rolled and self.durable is not None:

@@ -239,6 +239,39 @@ def test_fences_past_the_erasure_deadline_are_written_again_once_by_their_owner(
     assert asyncio.run(keys.roll_fences({0}, deadline)) == set() and table.writes == writes  # once
 
 
+def test_a_key_made_over_a_text_fence_before_its_deadline_is_written_again_in_its_place() -> None:
+    """The customer writes again before the text erasure's deadline: the fence is replaced by a new key, and the
+    owner writes that key again once past the deadline (so the erased key's old value leaves a quiet partition),
+    once, and it still opens what was sealed under it."""
+    table, clock = MemoryTable(), Clock(T0)
+    keys = ring(table, clock)
+    asyncio.run(keys.key_for(KEY, contact_id=7))
+    keys.erase(KEY, T0, "text_retention", scope="text")
+    clock.now = T0 + 1_000
+    key = asyncio.run(keys.key_for(KEY, contact_id=7))
+    made = stored(table)
+    assert isinstance(made, WrappedDataKey) and made.fence_ms == T0
+    deadline = 60_000
+    clock.now = T0 + deadline - 1
+    assert asyncio.run(keys.roll_fences({0}, deadline)) == set()  # not yet
+    clock.now += 1
+    assert asyncio.run(keys.roll_fences({0}, deadline)) == {0}
+    assert stored(table) == made.model_copy(update={"fence_ms": None})
+    writes = table.writes
+    clock.now += deadline
+    assert asyncio.run(keys.roll_fences({0}, deadline)) == set() and table.writes == writes  # once
+    keys.forget_cached()
+    assert keys.known(KEY) == key
+
+    # a fence already written again needs nothing of the key made over it
+    keys.erase(KEY, clock.now, "text_retention", scope="text")
+    clock.now += deadline
+    assert asyncio.run(keys.roll_fences({0}, deadline)) == {0}
+    asyncio.run(keys.key_for(KEY))
+    again = stored(table)
+    assert isinstance(again, WrappedDataKey) and again.fence_ms is None
+
+
 def forget_request(request_id: str) -> bytes:
     return (
         ForgetRequested(at_ms=T0, account_id=1, conversation_id=2, reason="customer asked", request_id=request_id)
