@@ -765,7 +765,8 @@ class Chaos:
         for attempt in range(1, FORGET_ATTEMPTS + 1):
             started = self.now()
             code, output = await self.run_cli_async(
-                "forget", "--conversation", plan.key, "--reason", "chaos", "--timeout", str(FORGET_TIMEOUT_S)
+                *("forget", "--conversation", plan.key, "--reason", "chaos", "--timeout", str(FORGET_TIMEOUT_S)),
+                role="privacy",
             )
             plan.forget["attempts"].append(
                 {"start_s": round(started, 3), "end_s": round(self.now(), 3), "code": code, "output": output[-400:]}
@@ -787,15 +788,16 @@ class Chaos:
         events = await read_topic(self.bootstrap, f"{self.app_id}.conversations")
         return any(r.key == key and isinstance(r.value, dict) and r.value.get("type") == "forgotten" for r in events)
 
-    async def run_cli_async(self, *args: str) -> tuple[int | None, str]:
-        """A `chatwoot-router` command as a child process, without holding a thread: (exit code, its output)."""
+    async def run_cli_async(self, *args: str, role: str = "admin") -> tuple[int | None, str]:
+        """A `chatwoot-router` command as a child process, without holding a thread, under `role` on a secured
+        cluster: (exit code, its output)."""
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "streams.cli",
             *args,
             cwd=self.o.code_dir,
-            env=self.env(),
+            env=self.as_role(self.env(), role),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )

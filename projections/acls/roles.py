@@ -16,6 +16,9 @@ apps on one cluster ids that are not such prefixes of each other.
 - replay (`replay state --to-app TARGET`): reads and describes the source app's topics, and may do anything (All)
   on the target app's topics (`TARGET.`, `TARGET-`) and its group, which it creates and fills; an idempotent
   producer. Nothing on the source is written, nor its group touched.
+- privacy (`forget`): writes `ForgetRequested` to `<app>.conversations` (idempotent producer) and reads that topic
+  back for the proofs; reads `<app>.keys` (which conversations a contact has) and its `max.compaction.lag.ms` (the
+  deadline it promises). It can read no other topic, open nothing (no KEK), nor touch the group.
 - admin (`config apply`, `topics --fix`, `acls --apply`) on a cluster where it is no super user: creates and alters
   the app's topics and their settings, writes `configs`, and alters the cluster's ACLs (Alter on the cluster, which
   is as much as a super user: give it to an administrator only).
@@ -29,6 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from projections.topic_settings import Kind
+
 CLUSTER_NAME = "kafka-cluster"  # the one name of the CLUSTER resource
 
 
@@ -40,11 +45,12 @@ class Role(StrEnum):
     WORKER = "worker"
     READER = "reader"
     REPLAY = "replay"
+    PRIVACY = "privacy"
 
 
-SERVICE_ROLES = (Role.ADMIN, Role.INGRESS, Role.WORKER, Role.READER)
-"""The roles of the running router's processes (the secured local Kafka makes a user for each); `replay` is an
-operator's occasional task and needs a target app id."""
+SERVICE_ROLES = (Role.ADMIN, Role.INGRESS, Role.WORKER, Role.READER, Role.PRIVACY)
+"""The roles of the running router's processes and of `forget`, a help desk's routine (the secured local Kafka makes
+a user for each); `replay` is an operator's occasional task and needs a target app id."""
 
 
 class Resource(StrEnum):
@@ -130,6 +136,22 @@ def grants(role: Role, app_id: str, target: str | None = None) -> list[Grant]:
         return [
             *_topics(app_id, op.READ, op.WRITE, op.DESCRIBE, op.DESCRIBE_CONFIGS),
             Grant(Resource.GROUP, app_id, Pattern.LITERAL, (op.READ,)),
+            _cluster(op.IDEMPOTENT_WRITE),
+        ]
+    if role is Role.PRIVACY:
+        return [
+            Grant(
+                Resource.TOPIC,
+                f"{app_id}.{Kind.CONVERSATIONS.value}",
+                Pattern.LITERAL,
+                (op.READ, op.WRITE, op.DESCRIBE),
+            ),
+            Grant(
+                Resource.TOPIC,
+                f"{app_id}.{Kind.KEYS.value}",
+                Pattern.LITERAL,
+                (op.READ, op.DESCRIBE, op.DESCRIBE_CONFIGS),
+            ),
             _cluster(op.IDEMPOTENT_WRITE),
         ]
     if role is Role.READER:

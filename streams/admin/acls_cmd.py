@@ -1,5 +1,6 @@
-"""`chatwoot-router acls [--ingress P] [--worker P] [--reader P] [--admin P] [--replay P --to-app TARGET] [--apply]`:
-the ACLs each role of the app in force (ROUTER_APP_ID) needs, as `kafka-acls` command lines (issue 31 item 2).
+"""`chatwoot-router acls [--ingress P] [--worker P] [--reader P] [--privacy P] [--admin P]
+[--replay P --to-app TARGET] [--apply]`: the ACLs each role of the app in force (ROUTER_APP_ID) needs, as
+`kafka-acls` command lines (issue 31 item 2).
 
 The table is `projections.acls` (docs/operations.md "Securing the router" explains each right). A principal is
 `Type:name` (`User:worker`); a role whose option is not given is skipped, and a comment line says so, so the
@@ -26,11 +27,12 @@ from streams.config_cmd import env_or_exit
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
-ROLE_OPTIONS = (Role.INGRESS, Role.WORKER, Role.READER, Role.ADMIN, Role.REPLAY)
+ROLE_OPTIONS = (Role.INGRESS, Role.WORKER, Role.READER, Role.PRIVACY, Role.ADMIN, Role.REPLAY)
 HELP = {
     Role.INGRESS: "the ingress: writes <app>.conversations",
     Role.WORKER: "the workers: their topics and group, no Create",
     Role.READER: "console, audit, whatif: read and describe only",
+    Role.PRIVACY: "forget: writes and reads <app>.conversations, reads <app>.keys",
     Role.ADMIN: "config apply, topics --fix, acls --apply (if not a super user)",
     Role.REPLAY: "replay state --to-app TARGET: reads this app, owns TARGET (needs --to-app)",
 }
@@ -71,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
     principals = principals_of(args)
     if not principals:
         print(
-            "chatwoot-router acls: name at least one role's principal (--ingress/--worker/--reader/--admin/--replay"
-            " User:NAME)",
+            "chatwoot-router acls: name at least one role's principal (--ingress/--worker/--reader/--privacy/--admin"
+            "/--replay User:NAME)",
             file=sys.stderr,
         )
         return EXIT_INVALID

@@ -233,14 +233,15 @@ def secure_setup(root: Path, log_dirs: Sequence[Path], secure: bool) -> SecureSe
     """The data dir's secured setup when `secure` (made on first use), after checking that the data dir was
     made the same way: a storage formatted in plaintext has no SCRAM users, and a secured one must not be served
     to clients without authentication."""
-    if secure and not is_secured(root) and any((log_dir / "meta.properties").exists() for log_dir in log_dirs):
+    formatted = any((log_dir / "meta.properties").exists() for log_dir in log_dirs)
+    if secure and not is_secured(root) and formatted:
         raise KafkaLaunchError(f"{root} was formatted without --secure (it has no SCRAM users): use a new --data-dir")
     if not secure and is_secured(root):
         raise KafkaLaunchError(f"{root} was made with --secure: pass --secure, or use another --data-dir")
     if not secure:
         return None
     try:
-        return prepare(root)
+        return prepare(root, add_roles=not formatted)  # a formatted storage's SCRAM users are the ones it has
     except (SecureSetupError, ValueError, OSError) as exc:
         raise KafkaLaunchError(str(exc)) from None
 

@@ -142,11 +142,14 @@ def _jaas(username: str, password: str) -> str:
     return f'{login} required username="{username}" password="{password}";'
 
 
-def prepare(root: Path, hosts: Sequence[str] = LOCAL_HOSTS) -> SecureSetup:
+def prepare(root: Path, hosts: Sequence[str] = LOCAL_HOSTS, *, add_roles: bool = True) -> SecureSetup:
     """The secured setup of the data dir `root`: passwords and certificates made on first use, kept after; the node
-    certificate names `hosts` (`streams.kafka.tls`)."""
+    certificate names `hosts` (`streams.kafka.tls`). A role added since the passwords were made gets one when
+    `add_roles` (its user is made from it: `kafka-users` of the compose file); else that is a SecureSetupError (a
+    storage formatted then has no user for it)."""
     root = root.resolve()
-    setup = SecureSetup(root, ensure_certificates(root / "tls", hosts=hosts), _passwords(root / _PASSWORDS))
+    passwords = _passwords(root / _PASSWORDS, add_roles=add_roles)
+    setup = SecureSetup(root, ensure_certificates(root / "tls", hosts=hosts), passwords)
     setup.write_client_files()
     return setup
 
@@ -156,14 +159,26 @@ def is_secured(root: Path) -> bool:
     return (root / _PASSWORDS).exists()
 
 
-def _passwords(path: Path) -> dict[Role, str]:
+def _passwords(path: Path, *, add_roles: bool) -> dict[Role, str]:
+    kept: dict[Role, str] = {}
     if path.exists():
         try:
             saved = json.loads(path.read_text(encoding="utf-8"))
-            return {role: str(saved[role.value]) for role in SERVICE_ROLES}
-        except (ValueError, KeyError, TypeError):
+            kept = {role: saved[role.value] for role in SERVICE_ROLES if role.value in saved}
+            if Role.ADMIN not in kept or not all(isinstance(password, str) for password in kept.values()):
+                raise ValueError
+        except (ValueError, TypeError, AttributeError):
             raise SecureSetupError(f"{path} is not the passwords file this tool writes: use a new --data-dir") from None
-    made = {role: secrets.token_urlsafe(24) for role in SERVICE_ROLES}  # [A-Za-z0-9_-]: nothing to quote anywhere
+    missing = [role.value for role in SERVICE_ROLES if role not in kept]
+    if not missing:
+        return kept
+    if kept and not add_roles:
+        raise SecureSetupError(
+            f"{path.parent} was made before the role {', '.join(missing)} existed (its storage has no SCRAM user for "
+            "it): use a new --data-dir"
+        )
+    # [A-Za-z0-9_-]: nothing to quote anywhere
+    made = kept | {role: secrets.token_urlsafe(24) for role in SERVICE_ROLES if role not in kept}
     _private_dir(path.parent)
     _write_private(path, json.dumps({role.value: password for role, password in made.items()}, indent=2) + "\n")
     return made

@@ -229,3 +229,41 @@ def test_the_console_renders_as_the_reader(secured: Stack, secure_kafka: SecureK
         assert "refused" not in overview.text and "Traceback" not in process.log_path.read_text(errors="replace")
     finally:
         process.stop()
+
+
+def test_forget_runs_as_the_privacy_role_which_reads_nothing_else(secured: Stack, secure_kafka: SecureKafka) -> None:
+    """`forget` under the privacy role's properties (issue 32): the erasure is confirmed, the role may read the keys
+    topic's compaction lag (the deadline it prints), and it can read no other topic of the app: `audit` is refused
+    in a line naming the right."""
+    from aiokafka.admin import AIOKafkaAdminClient, ConfigResource, ConfigResourceType
+
+    from projections.acls import Role
+
+    conversation = secured.new_conversation(contact_name="Grace Hopper", contact_email="grace@example.org")
+    secured.customer_says(1, conversation, BILLING_QUESTION)
+    secured.wait_conversation(1, conversation, "assigned to billing", lambda c: c["assignee_id"] == BILLING)
+    privacy = as_role(secured, secure_kafka, "privacy")
+    forgot = cli(privacy, "forget", "--conversation", f"1:{conversation}", "--reason", "customer asked")
+    assert forgot.returncode == 0, forgot.stdout + forgot.stderr
+    assert f"forgotten 1:{conversation} at" in forgot.stdout and "Traceback" not in forgot.stderr
+
+    async def keys_lag() -> str | None:
+        assert secure_kafka.broker.secure is not None
+        options = secure_kafka.broker.secure.client_options(Role.PRIVACY)
+        admin = AIOKafkaAdminClient(bootstrap_servers=secure_kafka.bootstrap, **options)
+        await admin.start()
+        try:
+            keys = ConfigResource(ConfigResourceType.TOPIC, f"{secure_kafka.app_id}.keys")
+            [response] = await admin.describe_configs([keys])
+        finally:
+            await admin.close()
+        [(error, *_rest, entries)] = response.resources
+        assert error == 0, response
+        return next((entry[1] for entry in entries if entry[0] == "max.compaction.lag.ms"), None)
+
+    assert asyncio.run(keys_lag()) is not None
+
+    refused = cli(privacy, "audit", "--verify")
+    assert refused.returncode != 0
+    assert "Traceback" not in refused.stderr, refused.stderr
+    assert "kafka refused User:privacy the right Read on topic" in refused.stderr, refused.stderr

@@ -36,7 +36,13 @@ async def probe_as(kafka: SecureKafka, role: Role) -> bool:
 
 def test_only_the_roles_that_may_join_the_group_pass(secure_kafka: SecureKafka) -> None:
     answers = {role: asyncio.run(probe_as(secure_kafka, role)) for role in SERVICE_ROLES}
-    assert answers == {Role.ADMIN: False, Role.WORKER: False, Role.INGRESS: True, Role.READER: True}
+    assert answers == {
+        Role.ADMIN: False,
+        Role.WORKER: False,
+        Role.INGRESS: True,
+        Role.READER: True,
+        Role.PRIVACY: True,
+    }
 
 
 def test_the_probe_commits_nothing(secure_kafka: SecureKafka) -> None:

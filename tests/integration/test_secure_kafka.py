@@ -35,7 +35,7 @@ from tests.support.waiting import within
 
 pytestmark = pytest.mark.kafka  # a broker of its own (tests/support/secure_kafka.py), in the kafka stage
 
-ROLES = ("admin", "ingress", "worker", "reader")
+ROLES = ("admin", "ingress", "worker", "reader", "privacy")
 JAAS = re.compile(r'\S+\.ScramLoginModule required username="([^"]+)" password="([^"]+)";')
 
 
@@ -129,7 +129,14 @@ async def connect(kafka: SecureKafka, kwargs: dict[str, Any]) -> None:
 
 def test_the_properties_dir_has_one_private_file_per_role_and_the_ca(secure_kafka: SecureKafka) -> None:
     names = sorted(path.name for path in secure_kafka.properties_dir.iterdir())
-    assert names == ["admin.properties", "ca.pem", "ingress.properties", "reader.properties", "worker.properties"]
+    assert names == [
+        "admin.properties",
+        "ca.pem",
+        "ingress.properties",
+        "privacy.properties",
+        "reader.properties",
+        "worker.properties",
+    ]
     for role in ROLES:
         path = secure_kafka.properties(role)
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, role  # it holds the role's password

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import stat
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from projections.acls import (
     kafka_acls_commands,
     refusal_line,
 )
-from streams.kafka.secure import apply_settings, client_properties, prepare
+from streams.kafka.secure import SecureSetupError, apply_settings, client_properties, prepare
 from streams.kafka.tls import NODE_RENEW_BEFORE, NODE_VALIDITY, ensure_certificates
 
 APP = "chatwoot-router"
@@ -62,6 +63,21 @@ def test_a_reader_reads_and_describes_but_neither_writes_nor_joins_the_group() -
         (Resource.GROUP, Operation.DESCRIBE)  # the console's lag: the workers' committed offsets; joining needs Read
     }
     assert not any(resource is Resource.CLUSTER for resource, *_ in rights)
+
+
+def test_privacy_asks_for_erasures_and_reads_their_proofs_and_the_contacts_keys_only() -> None:
+    """`forget`: it writes and reads `conversations`, reads `keys` and its compaction lag; nothing else."""
+    conversations = (Resource.TOPIC, f"{APP}.conversations", Pattern.LITERAL)
+    keys = (Resource.TOPIC, f"{APP}.keys", Pattern.LITERAL)
+    assert table(Role.PRIVACY) == {
+        (*conversations, Operation.WRITE),
+        (*conversations, Operation.READ),
+        (*conversations, Operation.DESCRIBE),
+        (*keys, Operation.READ),
+        (*keys, Operation.DESCRIBE),
+        (*keys, Operation.DESCRIBE_CONFIGS),  # max.compaction.lag.ms: the deadline it promises
+        (Resource.CLUSTER, CLUSTER_NAME, Pattern.LITERAL, Operation.IDEMPOTENT_WRITE),
+    }
 
 
 def test_only_the_admin_creates_or_alters() -> None:
@@ -161,7 +177,32 @@ def test_a_data_dir_keeps_its_passwords_and_ca_and_its_nodes_enforce_acls(tmp_pa
     assert settings["allow.everyone.if.no.acl.found"] == "false"
     assert settings["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
     assert settings["super.users"] == "User:admin;User:CN=chatwoot-router-kafka-node"
-    assert {acl.principal for acl in first.role_acls(APP)} == {"User:ingress", "User:worker", "User:reader"}
+    assert {acl.principal for acl in first.role_acls(APP)} == {
+        "User:ingress",
+        "User:worker",
+        "User:reader",
+        "User:privacy",
+    }
+
+
+def test_a_data_dir_made_before_a_role_gets_its_password_unless_its_storage_is_formatted(tmp_path: Path) -> None:
+    """A role added by a newer release (`privacy`): the compose file's secrets get its password (kafka-users makes
+    its user at the next `up`); a local data dir already formatted has no SCRAM user for it, and says so."""
+    first = prepare(tmp_path)
+    passwords = tmp_path / "secrets" / "passwords.json"
+    older = {role.value: password for role, password in first.passwords.items() if role is not Role.PRIVACY}
+    passwords.write_text(json.dumps(older), encoding="utf-8")
+    with pytest.raises(SecureSetupError, match=r"made before the role privacy existed.*use a new --data-dir"):
+        prepare(tmp_path, add_roles=False)
+    again = prepare(tmp_path)
+    assert {role: again.passwords[role] for role in SERVICE_ROLES if role is not Role.PRIVACY} == {
+        role: first.passwords[role] for role in SERVICE_ROLES if role is not Role.PRIVACY
+    }
+    assert again.passwords[Role.PRIVACY] and prepare(tmp_path, add_roles=False).passwords == again.passwords
+    assert stat.S_IMODE(passwords.stat().st_mode) == 0o600
+    passwords.write_text(json.dumps(["not", "a", "mapping"]), encoding="utf-8")
+    with pytest.raises(SecureSetupError, match="not the passwords file"):
+        prepare(tmp_path)
 
 
 def test_a_client_properties_file_has_the_standard_keys() -> None:
