@@ -20,6 +20,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import TopicAuthorizationFailedError
 
 from handlers.kafka.security import client_options
 
@@ -39,14 +40,25 @@ async def durable_producer(bootstrap: str, **options: Any) -> AsyncIterator[AIOK
         await producer.stop()
 
 
+def raise_refused(described: Collection[dict[str, Any]]) -> None:
+    """Raise the authorizer's refusal of a topic a metadata answer (`describe_topics`) holds: a topic this principal
+    may not describe is not a topic that does not exist (a reader would report it empty, and `audit --verify` its
+    conversations as differences); the CLI says the refusal in one line (handlers/kafka/authorization.py)."""
+    refused = {d["topic"] for d in described if d["error_code"] == TopicAuthorizationFailedError.errno}
+    if refused:
+        raise TopicAuthorizationFailedError(refused)
+
+
 async def topic_partitions(bootstrap: str, topic: str) -> list[TopicPartition]:
-    """The topic's partitions, from the brokers' metadata; LookupError when the topic does not exist."""
+    """The topic's partitions, from the brokers' metadata; LookupError when the topic does not exist,
+    TopicAuthorizationFailedError when this principal may not see it."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_options())
     await admin.start()
     try:
         described = await admin.describe_topics([topic])
     finally:
         await admin.close()
+    raise_refused(described)
     partitions = [p["partition"] for d in described if d["error_code"] == 0 for p in d["partitions"]]
     if not partitions:
         raise LookupError(f"topic {topic} does not exist")

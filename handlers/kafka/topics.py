@@ -25,6 +25,7 @@ from aiokafka.errors import KafkaError, for_code
 
 from handlers.kafka.alter_configs import set_topic_configs
 from handlers.kafka.security import client_options
+from handlers.kafka.topic_io import raise_refused
 from projections.topic_settings import (
     MAX_COMPACTION_LAG,
     TABLES,
@@ -269,9 +270,11 @@ async def keys_compaction_lag_ms(bootstrap: str, app_id: str, *, request_timeout
 
 async def _describe(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, TopicState]:
     """The named topics that exist, with partitions, the fewest replicas of a partition and effective configs."""
+    answer = await admin.describe_topics(names)
+    raise_refused(answer)  # not "missing": `topics` would report it so, and `--fix` try to create it
     described = {
         topic["topic"]: topic["partitions"]
-        for topic in await admin.describe_topics(names)
+        for topic in answer
         if topic["error_code"] == _NO_ERROR and topic["partitions"]
     }
     if not described:

@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--secure",
         action="store_true",
         help="serve SASL_SSL (SCRAM-SHA-512, a CA made in the data dir) with ACLs: users admin (super user), "
-        "ingress, worker, reader and privacy (forget), each with its role's ACLs for ROUTER_APP_ID (default chatwoot-router); the "
-        "ready line adds properties=DIR, the directory of <role>.properties and ca.pem",
+        "ingress, worker, reader and privacy (forget), each with its role's ACLs for ROUTER_APP_ID (default "
+        "chatwoot-router); the ready line adds properties=DIR, the directory of <role>.properties and ca.pem",
     )
     parser.add_argument(
         "--fetch-only",

@@ -235,7 +235,8 @@ def test_forget_runs_as_the_privacy_role_which_reads_nothing_else(secured: Stack
     """`forget` under the privacy role's properties (issue 32): the erasure is confirmed, the role may read the keys
     topic's compaction lag (the deadline it prints), and it can read no other topic of the app: `audit` is refused
     in a line naming the right."""
-    from aiokafka.admin import AIOKafkaAdminClient, ConfigResource, ConfigResourceType
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
     from projections.acls import Role
 
@@ -257,9 +258,10 @@ def test_forget_runs_as_the_privacy_role_which_reads_nothing_else(secured: Stack
             [response] = await admin.describe_configs([keys])
         finally:
             await admin.close()
-        [(error, *_rest, entries)] = response.resources
-        assert error == 0, response
-        return next((entry[1] for entry in entries if entry[0] == "max.compaction.lag.ms"), None)
+        [resource] = response.to_object()["resources"]
+        assert resource["error_code"] == 0, resource
+        entries = resource["config_entries"]
+        return next((e["config_value"] for e in entries if e["config_names"] == "max.compaction.lag.ms"), None)
 
     assert asyncio.run(keys_lag()) is not None
 

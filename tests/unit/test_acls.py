@@ -128,6 +128,20 @@ def test_a_refusal_names_the_right_the_resource_and_the_principal() -> None:
     assert cluster.startswith("kafka refused User:x the right IdempotentWrite on the cluster: ")
 
 
+def test_a_topic_the_principal_may_not_describe_is_a_refusal_not_a_missing_topic() -> None:
+    """Metadata answers a topic this principal may not see with error 29, as it answers a missing one with 3: the
+    readers took both for "no such topic", and `audit --verify` reported the live table's values as missing."""
+    from handlers.kafka.authorization import find_refusal
+    from handlers.kafka.topic_io import raise_refused
+
+    raise_refused([{"topic": f"{APP}.keys", "error_code": 0}, {"topic": f"{APP}.new", "error_code": 3}])
+    with pytest.raises(Exception) as refused:
+        raise_refused([{"topic": f"{APP}-conversation_state-changelog", "error_code": 29}])
+    refusal = find_refusal(refused.value)
+    assert refusal is not None and refusal.resource is Resource.TOPIC
+    assert refusal.name == f"{APP}-conversation_state-changelog" and refusal.operation is Operation.READ
+
+
 @pytest.mark.parametrize("principal", ["ingress", "User:", ":ingress", "User:in gress", "User:a\nb"])
 def test_a_principal_is_type_colon_name(principal: str) -> None:
     with pytest.raises(ValueError, match="Type:name"):
