@@ -81,6 +81,7 @@ from schemas.data_keys import WrappedDataKey  # noqa: E402
 from schemas.keys import partition_for  # noqa: E402
 from streams.kafka.local import free_port  # noqa: E402
 from tests.golden.histories import demo_logs, interleaved, settings_of  # noqa: E402
+from tests.support.processes import run_cli  # noqa: E402
 
 PARTITIONS = 12
 DEMO = ROOT / "tests" / "golden" / "demo"
@@ -103,15 +104,7 @@ class Built:
 
 
 def cli(code_dir: Path, env: dict[str, str], *args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "streams.cli", *args],
-        cwd=code_dir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_cli(env, *args, timeout_s=timeout, cwd=code_dir)
 
 
 def router_env(bootstrap: str, app_id: str, config_path: Path, retry_base_ms: int, kek: str) -> dict[str, str]:

@@ -14,11 +14,14 @@ from handlers.processes import Child
 ROOT = Path(__file__).resolve().parents[2]  # the repository: children run from here
 
 
-def run_cli(env: dict[str, str], *args: str, timeout_s: float = 180) -> subprocess.CompletedProcess[str]:
-    """`chatwoot-router ARGS` run to its end from the repository with `env`, its output captured."""
+def run_cli(
+    env: dict[str, str], *args: str, timeout_s: float = 180, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    """`chatwoot-router ARGS` run to its end from the repository (or the source tree `cwd`) with `env`, its output
+    captured."""
     return subprocess.run(
         [sys.executable, "-m", "streams.cli", *args],
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
