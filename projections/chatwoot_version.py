@@ -1,6 +1,6 @@
 """The Chatwoot the router needs (issue 30): the minimum version, why, and how a reported version compares.
 
-The router depends on behaviour that arrived in Chatwoot only recently (`../shared/spec/chatwoot-api.md` §8):
+The router depends on behaviour that arrived in Chatwoot only recently (`docs/chatwoot.md` §8):
 
 - signed agent-bot webhooks (#13892, v4.13.0): before, every webhook is refused (401) and Chatwoot opens every
   pending conversation;

@@ -1,4 +1,4 @@
-"""The Chatwoot REST endpoints the router uses (chatwoot-api.md §4), over the sandbox's world.
+"""The Chatwoot REST endpoints the router uses (chatwoot.md §4), over the sandbox's world.
 
 Every request is logged (operation, path, token kind, status) and passes the fault plan: a rule can answer
 before the request is applied, after it was applied, or drop the connection after applying it. In front of them

@@ -182,7 +182,7 @@ class Sandbox:
         self, account_id: int, conversation_id: int, content: str, *, automation_rule_id: int = 1
     ) -> Message:
         """An automation rule's "send message": outgoing, public, no sender, `content_attributes.automation_rule_id`
-        (chatwoot-api.md §8); neither a person's reply nor a bot's, so it leaves `waiting_since` alone."""
+        (chatwoot.md §8); neither a person's reply nor a bot's, so it leaves `waiting_since` alone."""
         conversation = self.world.conversation(account_id, conversation_id)
         before = self.summary(conversation)
         attributes = {"automation_rule_id": automation_rule_id}

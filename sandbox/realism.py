@@ -1,4 +1,4 @@
-"""The rough edges of a real Chatwoot (chatwoot-api.md §8, issue 30 item 3), each off unless asked for.
+"""The rough edges of a real Chatwoot (chatwoot.md §8, issue 30 item 3), each off unless asked for.
 
 The kind sandbox answers every request, posts one conversation's webhooks one at a time in order, and never sends
 the events a real installation adds. A `Realism` switches on, one by one or all together (`REALISTIC`, `--realistic`):

@@ -19,7 +19,7 @@ A scenario is a JSON/YAML document:
 An inbox's `automation_message` imitates an automation rule "send message" on new conversations: after a
 conversation's first incoming message, an outgoing public message with no sender and
 `content_attributes.automation_rule_id` (what `AutomationRules::ActionService#send_message` writes), so scripted
-conversations meet the sender-less messages real accounts have (chatwoot-api.md §8).
+conversations meet the sender-less messages real accounts have (chatwoot.md §8).
 
 A user listed under several accounts with the same id is one user, member of each. `from_config` derives a
 scenario from the router's configuration, so `chatwoot-router sandbox --config` matches the router it serves.

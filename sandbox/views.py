@@ -1,4 +1,4 @@
-"""Chatwoot's JSON shapes (chatwoot-api.md §1.3-§1.4 webhooks, §4.12 REST) rendered from sandbox records.
+"""Chatwoot's JSON shapes (chatwoot.md §1.3-§1.4 webhooks, §4.12 REST) rendered from sandbox records.
 
 The REST and webhook views differ on purpose, as Chatwoot's do: the REST conversation omits `meta.assignee`
 when unassigned while the webhook sends it as null; webhook messages use string types and ISO times at the top

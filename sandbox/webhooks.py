@@ -1,4 +1,4 @@
-"""Signed agent-bot webhooks, delivered as Chatwoot's `AgentBots::WebhookJob` does (chatwoot-api.md §2-§3).
+"""Signed agent-bot webhooks, delivered as Chatwoot's `AgentBots::WebhookJob` does (chatwoot.md §2-§3).
 
 Each event gets its own delivery id, kept across retries; the timestamp and signature are recomputed per
 attempt over `"<ts>." + body`. Only 429 and 500 are retried, three attempts in all, `retry_delay_s` apart
@@ -9,7 +9,7 @@ Kind (the default): one conversation's deliveries go out in order, one at a time
 With `Realism` (realism.py) it is as Sidekiq does it: with `concurrent_webhooks` every delivery is its own job,
 in parallel with the others of its conversation; `webhook_jitter_ms` delays each job's start by a random amount
 up to it (so they arrive reordered); `webhook_duplicates` runs a job a second time, as a crashed Sidekiq process
-does: the same payload under the same `X-Chatwoot-Delivery` (chatwoot-api.md §2: the id is made when the job is
+does: the same payload under the same `X-Chatwoot-Delivery` (chatwoot.md §2: the id is made when the job is
 enqueued and is part of it), with its own attempts, retries and failure fallback, logged as a delivery of its own
 with `duplicate: true`. `settle` waits for all of them.
 """

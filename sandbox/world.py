@@ -1,4 +1,4 @@
-"""Chatwoot's rules applied to the sandbox's records (chatwoot-api.md §4.3-§4.5, §4.7, §5).
+"""Chatwoot's rules applied to the sandbox's records (chatwoot.md §4.3-§4.5, §4.7, §5).
 
 Every change goes through `_save`, which does what Chatwoot's model callbacks do: it writes the activity
 messages an actor's change produces and emits the agent-bot events (`conversation_opened`/`_resolved`,
@@ -57,7 +57,7 @@ BOT_FAILURE_TEXT = "Conversation was marked open by system due to an error with 
 
 
 class ApiError(Exception):
-    """An HTTP error answer with Chatwoot's JSON body (chatwoot-api.md §4.0)."""
+    """An HTTP error answer with Chatwoot's JSON body (chatwoot.md §4.0)."""
 
     def __init__(self, status: int, body: Any) -> None:
         self.status = status
@@ -116,7 +116,7 @@ class World:
     default_webhook_url: str | None = None
     clock_offset_s: float = 0.0
     activity_delay_s: float = 0.0  # Chatwoot writes activities from a background job, a moment later
-    # the Chatwoot release imitated (`GET /api`); older ones lack what the router needs (chatwoot-api.md §8)
+    # the Chatwoot release imitated (`GET /api`); older ones lack what the router needs (chatwoot.md §8)
     chatwoot_version: str = NEWEST_CHATWOOT
     # the rough edges switched on (shared with the dispatcher); here: bot replies clearing `waiting_since`
     realism: Realism = field(default_factory=Realism)
@@ -448,7 +448,7 @@ class World:
     def toggle_status(
         self, conversation: Conversation, actor: User | Bot, status: str | None, snoozed_until: Any = None
     ) -> dict[str, Any]:
-        """`POST …/toggle_status`, rules 1-4 of chatwoot-api.md §4.3."""
+        """`POST …/toggle_status`, rules 1-4 of chatwoot.md §4.3."""
         success: bool | None = True
         if isinstance(actor, Bot) and conversation.status == "pending" and status == "open":
             if conversation.waiting_since is None:

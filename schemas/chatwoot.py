@@ -89,7 +89,7 @@ class MessageType(IntEnum):
 
 
 class Message(_Model):
-    """A REST message (chatwoot-api.md §4.12); `id` and `message_type` are required, the rest tolerant."""
+    """A REST message (chatwoot.md §4.12); `id` and `message_type` are required, the rest tolerant."""
 
     id: StrictInt
     message_type: StrictInt
@@ -144,7 +144,7 @@ Status = Literal["pending", "open", "resolved", "snoozed"]
 
 
 class Conversation(_Model):
-    """`GET …/conversations/{c}` (chatwoot-api.md §4.12), the fields of the snapshot (behavior.md §9.1)."""
+    """`GET …/conversations/{c}` (chatwoot.md §4.12), the fields of the snapshot (behavior.md §9.1)."""
 
     id: StrictInt
     inbox_id: StrictInt

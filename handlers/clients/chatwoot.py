@@ -190,7 +190,7 @@ class ChatwootClient:
         A 429 pauses the installation's budget; a read then waits and is made again, a mutation raises
         `ChatwootThrottled` (the caller decides whether its fresh read still holds)."""
         # `Api-Access-Token`, not `api_access_token`: Chatwoot reads both, and a default nginx in front of it drops
-        # header names with underscores (chatwoot-api.md §8)
+        # header names with underscores (chatwoot.md §8)
         headers = {"Api-Access-Token": token, "accept": "application/json"}
         budget = self.budget()
         while True:

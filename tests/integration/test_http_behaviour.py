@@ -337,7 +337,7 @@ async def test_the_request_headers_are_unchanged() -> None:
             await jev.post({"q": 1})
     names = [sorted(name.lower() for name in hit["headers"]) for hit in peer.hits]
     # the token as `Api-Access-Token`: Chatwoot reads it as well as `api_access_token`, and a default nginx in
-    # front of Chatwoot drops header names with underscores (chatwoot-api.md §8)
+    # front of Chatwoot drops header names with underscores (chatwoot.md §8)
     assert names == [
         ["accept", "accept-encoding", "api-access-token", "connection", "host", "user-agent"],
         ["accept", "accept-encoding", "api-access-token", "connection", "content-length", "content-type", "host",

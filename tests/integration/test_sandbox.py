@@ -1,4 +1,4 @@
-"""The sandbox against chatwoot-api.md: signed webhooks and retries, Chatwoot's side effects, paging, auth,
+"""The sandbox against chatwoot.md: signed webhooks and retries, Chatwoot's side effects, paging, auth,
 the control API and the `chatwoot-router sandbox` command."""
 
 from __future__ import annotations

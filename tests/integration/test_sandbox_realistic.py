@@ -248,7 +248,7 @@ async def test_jittered_deliveries_arrive_reordered_and_settle_waits_for_all(
 async def test_a_job_run_twice_posts_the_same_delivery_again(
     sandbox: Sandbox, receiver: Receiver, api: httpx.AsyncClient
 ) -> None:
-    """A re-run job re-sends its payload under its delivery id (chatwoot-api.md §2: the id is made when the job is
+    """A re-run job re-sends its payload under its delivery id (chatwoot.md §2: the id is made when the job is
     enqueued, so duplicates share it); each attempt is stamped and signed anew."""
     await _settings(api, concurrent_webhooks=True, webhook_jitter_ms=200, webhook_duplicates=1.0)
     _new(sandbox)
