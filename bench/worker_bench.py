@@ -30,6 +30,14 @@ the send time taken just before the message is posted).
 
 `--env NAME=VALUE` sets a variable for every process of the stack (`ROUTER_COMMIT_INTERVAL_MS=8000`, say).
 
+`--budget [PER_MIN]` (issue 40; mode `isolation`, baseline burst only) runs the burst with Chatwoot's request budget
+out of the way (ROUTER_CHATWOOT_REQUESTS_PER_MIN=1000000, as every other run here) and at PER_MIN (default 2400),
+alternately twice, a new stack every run, without periodic sweeps (as `scale`: the throttled burst lasts longer
+and would carry more of the test stack's 15 s sweeps), and prints the worker's CPU and the Chatwoot requests per
+conversation of both sides and the CPU ratio (target: at most 1.15):
+
+    .venv/bin/python bench/worker_bench.py --bootstrap 127.0.0.1:9092 --conversations 200 --budget
+
 `--against REF` exports REF (`git archive`) into a temporary directory with a virtual environment of its own,
 copies this file there, runs both sides alternately twice and prints the ratio of the worker's CPU per conversation
 (`WORKER_BENCH_REPO=DIR` exports from DIR when this file runs from a copy of the tree). `--profile FILE` records
@@ -57,6 +65,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -86,7 +95,22 @@ CHATWOOT_OPS = (
 QUESTION = "I was charged twice on my invoice, please refund the payment"
 PARTITIONS = 4  # what tests.e2e.conftest.Stack creates the topics with
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+UNTHROTTLED = 1_000_000.0
+"""ROUTER_CHATWOOT_REQUESTS_PER_MIN out of the way: the sandbox has no rate limit, and the budget (issue 30) would
+pace the burst at Chatwoot's real limit and measure the pacing, not the code (older trees ignore the variable)."""
+DEFAULT_REQUESTS_PER_MIN = 2400  # projections/worker/throttle.py's, spelled out: `--against` runs older trees too
 RESULT_KEYS = frozenset({"conversations", "conversations_per_s", "p50_ms", "p99_ms", "max_ms", "not_assigned"})
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one burst cost, per conversation."""
+
+    worker_ms: float
+    """The worker's CPU milliseconds."""
+    requests: float
+    """Chatwoot requests the sandbox answered."""
+    conversations_per_s: float
 
 
 # --- CPU accounting from /proc (no psutil in the venv) ------------------------------------------------------
@@ -317,18 +341,34 @@ def stop_profile(profiler: subprocess.Popen[bytes] | None) -> None:
         profiler.wait(60)
 
 
-def run_isolation(stack: Stack, count: int, profile: str | None = None) -> float:
-    """Baseline burst, then the burst with one slow call; returns the worker's CPU ms per conversation of the first."""
+def chatwoot_requests(stack: Stack) -> int:
+    """Chatwoot API requests the sandbox has answered so far (System One's calls are not Chatwoot's)."""
+    return len(stack.state()["api_calls"])
+
+
+def run_isolation(stack: Stack, count: int, profile: str | None = None, baseline_only: bool = False) -> Measured:
+    """Baseline burst, then (unless `baseline_only`) the burst with one slow call; returns what the first cost."""
     standing_faults(stack)
     meter = CpuMeter(process_groups(stack))
     written_before = records_by_topic(stack)
+    requests_before = chatwoot_requests(stack)
     profiler = start_profile(stack, profile)
     meter.start()
     base = run_batch(stack, count, slow_first=False)
     spent = meter.stop()
     print(f"baseline CPU ms per conversation: {per_conversation(spent, count)}", flush=True)
     stop_profile(profiler)
+    requests = (chatwoot_requests(stack) - requests_before) / count
+    print(f"Chatwoot requests per conversation: {requests:.1f}", flush=True)
     print_records(written_before, records_by_topic(stack), count)
+    measured = Measured(1000 * spent["worker"] / count, requests, base["conversations_per_s"])
+    if baseline_only:
+        print(
+            f"baseline:  {base['conversations_per_s']:.1f} conversations/s, p50 {base['p50_ms']:.0f} ms, "
+            f"p99 {base['p99_ms']:.0f} ms, max {base['max_ms']:.0f} ms",
+            flush=True,
+        )
+        return measured
     # the 30 s rule must be found first: put it in front of the standing 200 ms rule
     stack.clear_faults()
     stack.fault(op="systemone", mode="delay", delay_ms=30_000, times=1)
@@ -342,7 +382,7 @@ def run_isolation(stack: Stack, count: int, profile: str | None = None) -> float
         f"one slow:  {slow['conversations_per_s']:.1f} conversations/s, p50 {slow['p50_ms']:.0f} ms, "
         f"p99 {slow['p99_ms']:.0f} ms (others; ratio {slow['p99_ms'] / base['p99_ms']:.2f}x baseline p99)"
     )
-    return 1000 * spent["worker"] / count
+    return measured
 
 
 def owned_by_log(worker: Process) -> frozenset[int] | None:
@@ -450,13 +490,14 @@ def print_records(before: dict[str, int], after: dict[str, int], count: int) -> 
     print(f"records written per conversation: {sum(grew.values()) / count:.1f} ({by_topic})", flush=True)
 
 
-def run_latency(stack: Stack, count: int) -> float:
+def run_latency(stack: Stack, count: int) -> Measured:
     """One conversation at a time on an idle stack: webhook -> turn end, and the router's share of it; returns
-    the worker's CPU ms per conversation."""
+    what a conversation cost."""
     standing_faults(stack)
     logs = [stack.worker.log_path]
     latencies = []
     written_before = records_by_topic(stack)
+    requests_before = chatwoot_requests(stack)
     meter = CpuMeter(process_groups(stack))
     meter.start()
     for _ in range(count):
@@ -474,8 +515,10 @@ def run_latency(stack: Stack, count: int) -> float:
         flush=True,
     )
     print(f"sequential CPU ms per conversation: {per_conversation(spent, count)}", flush=True)
+    requests = (chatwoot_requests(stack) - requests_before) / count
+    print(f"Chatwoot requests per conversation: {requests:.1f}", flush=True)
     print_records(written_before, records_by_topic(stack), count)
-    return 1000 * spent["worker"] / count
+    return Measured(1000 * spent["worker"] / count, requests, count / sum(latencies))
 
 
 def checkout_with_venv(ref: str, where: Path) -> Path:
@@ -547,21 +590,23 @@ def under_roles(stack: Stack, kafka: LocalKafka) -> None:
     stack.env["KAFKA_CLIENT_PROPERTIES"] = str(properties_dir / "reader.properties")
 
 
-def run_once(args: argparse.Namespace, bootstrap: str, kafka: LocalKafka | None = None) -> float | None:
-    """One stack on `bootstrap` (under roles when `kafka` is secured) running `--mode`; the worker's CPU ms per
-    conversation (None for `scale`)."""
+def run_once(
+    args: argparse.Namespace, bootstrap: str, kafka: LocalKafka | None = None, per_minute: float = UNTHROTTLED
+) -> Measured | None:
+    """One stack on `bootstrap` (under roles when `kafka` is secured) running `--mode` with Chatwoot's request
+    budget at `per_minute`; what a conversation cost (None for `scale`)."""
     with tempfile.TemporaryDirectory() as scratch:
         tmp = Path(args.keep or scratch)
         tmp.mkdir(parents=True, exist_ok=True)
         stack = Stack(bootstrap, f"bench-{args.mode}-{time.time_ns() // 1_000_000}", tmp)
-        if args.mode == "scale":
+        if args.mode == "scale" or args.budget is not None:
             # the e2e stack sweeps every 15 s, and a sweep re-runs every open conversation: later bursts would
             # carry more sweep work than earlier ones (and a sweep can catch a conversation between its
-            # creation and its first message). The processes share this dict: change it before they start.
+            # creation and its first message); a throttled burst, four times as long, would carry four times
+            # the sweeps of an unthrottled one, where production sweeps every 300 s. The processes share this
+            # dict: change it before they start.
             stack.env["ROUTER_SWEEP_INTERVAL_S"] = "3600"
-        # the sandbox here has no rate limit: the router's Chatwoot budget (issue 30) would pace the burst at
-        # Chatwoot's real limit and measure the pacing, not the code (older trees ignore the variable)
-        stack.env["ROUTER_CHATWOOT_REQUESTS_PER_MIN"] = "1000000"
+        stack.env["ROUTER_CHATWOOT_REQUESTS_PER_MIN"] = str(round(per_minute))
         for setting in args.env:
             name, _, value = setting.partition("=")
             stack.env[name] = value
@@ -570,7 +615,7 @@ def run_once(args: argparse.Namespace, bootstrap: str, kafka: LocalKafka | None 
         stack.start()
         try:
             if args.mode == "isolation":
-                return run_isolation(stack, args.conversations, args.profile)
+                return run_isolation(stack, args.conversations, args.profile, baseline_only=args.budget is not None)
             if args.mode == "latency":
                 return run_latency(stack, args.conversations)
             run_scale(stack, args.conversations, tmp, args.kafka_pid)
@@ -593,9 +638,9 @@ def run_secure(args: argparse.Namespace) -> None:
             for _ in range(2):
                 for label, kafka in brokers.items():
                     print(f"== {label} ({kafka.bootstrap})", flush=True)
-                    ms = run_once(args, kafka.bootstrap, kafka)
-                    assert ms is not None
-                    cpu[label].append(ms)
+                    measured = run_once(args, kafka.bootstrap, kafka)
+                    assert measured is not None
+                    cpu[label].append(measured.worker_ms)
         finally:
             for kafka in brokers.values():
                 kafka.stop()
@@ -604,6 +649,35 @@ def run_secure(args: argparse.Namespace) -> None:
     print(
         f"worker CPU ms per conversation: plaintext {plain:.1f}, secured {secured:.1f}, ratio {secured / plain:.2f} "
         f"(target <= 1.15: {'met' if secured / plain <= 1.15 else 'NOT met'}; runs: {runs})"
+    )
+
+
+def run_budget(args: argparse.Namespace) -> None:
+    """The baseline burst with Chatwoot's request budget out of the way and at `--budget`, alternately twice; prints
+    the worker's CPU and Chatwoot requests per conversation of each side and the CPU ratio (issue 40)."""
+    if args.mode != "isolation":
+        raise SystemExit("--budget measures the mode isolation")
+    sides = {"unthrottled": UNTHROTTLED, f"throttled at {round(args.budget)}/min": args.budget}
+    runs: dict[str, list[Measured]] = {label: [] for label in sides}
+    for _ in range(2):
+        for label, per_minute in sides.items():
+            print(f"== {label}", flush=True)
+            measured = run_once(args, args.bootstrap, per_minute=per_minute)
+            assert measured is not None
+            runs[label].append(measured)
+    (free, free_runs), (paced, paced_runs) = runs.items()
+    free_ms = statistics.mean(m.worker_ms for m in free_runs)
+    paced_ms = statistics.mean(m.worker_ms for m in paced_runs)
+    for label, side in runs.items():
+        print(
+            f"{label}: worker CPU ms per conversation {', '.join(f'{m.worker_ms:.1f}' for m in side)}; "
+            f"Chatwoot requests per conversation {', '.join(f'{m.requests:.1f}' for m in side)}; "
+            f"conversations/s {', '.join(f'{m.conversations_per_s:.1f}' for m in side)}"
+        )
+    ratio = paced_ms / free_ms
+    print(
+        f"worker CPU ms per conversation: {free} {free_ms:.1f}, {paced} {paced_ms:.1f}, ratio {ratio:.2f} "
+        f"(target <= 1.15: {'met' if ratio <= 1.15 else 'NOT met'})"
     )
 
 
@@ -623,11 +697,21 @@ def main() -> int:
     parser.add_argument("--profile", metavar="FILE", help="py-spy record the worker during the baseline burst")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set for every process")
     parser.add_argument("--secure", action="store_true", help="plaintext vs SASL_SSL, on two brokers of its own")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        nargs="?",
+        const=float(DEFAULT_REQUESTS_PER_MIN),
+        metavar="PER_MIN",
+        help=f"unthrottled vs Chatwoot's request budget at PER_MIN (default {DEFAULT_REQUESTS_PER_MIN}), side by side",
+    )
     args = parser.parse_args()
     if args.secure:
         run_secure(args)
     elif args.bootstrap is None:
         parser.error("--bootstrap is required (or --secure)")
+    elif args.budget is not None:
+        run_budget(args)
     else:
         run_once(args, args.bootstrap)
     return 0

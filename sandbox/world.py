@@ -281,7 +281,14 @@ class World:
             status=status,
         )
         conversation.messages.append(message)
+        self._touch(conversation, now)
         return message
+
+    @staticmethod
+    def _touch(conversation: Conversation, now: float) -> None:
+        """`Message belongs_to :conversation, touch: true`: saving a message moves its conversation's `updated_at`,
+        silently (no `conversation_updated`: only `updated_at` changed, docs/chatwoot.md §4.12)."""
+        conversation.updated_at = now
 
     def add_activity(self, conversation: Conversation, text: str, attributes: dict[str, Any] | None) -> None:
         """Writes an activity message now, or after `activity_delay_s` as Chatwoot's job would."""
@@ -367,6 +374,7 @@ class World:
                 message.content = "This message was deleted"
                 message.content_attributes = {**message.content_attributes, "deleted": True}
                 message.updated_at = self.now()
+                self._touch(conversation, message.updated_at)
                 if message.message_type != ACTIVITY:
                     self._emit(Announcement("message_updated", conversation, message))
                 return message

@@ -534,6 +534,9 @@ class RouterEnv(BaseModel):
     )
     # how old the fresh read a mutation depends on may be when a worker makes the mutation (DESIGN §6)
     fresh_read_ms: Annotated[int, _env_int(100, 600_000)] = Field(5000, alias="ROUTER_FRESH_READ_MS")
+    # how long a worker reuses an inbox's bot link and an account's agents it read (administrators' settings, not
+    # conversation state), never longer than ROUTER_FRESH_READ_MS; 0 reads them every time (issue 40)
+    settings_reuse_ms: Annotated[int, _env_int(0, 600_000)] = Field(5000, alias="ROUTER_SETTINGS_REUSE_MS")
     # how often a worker writes its write cache and commits its offsets (Kafka Streams' commit.interval.ms): it
     # bounds the records folded again after a crash; no turn waits for it (docs/architecture.md "The commit protocol")
     commit_interval_ms: Annotated[int, _env_int(100, 60_000)] = Field(2800, alias="ROUTER_COMMIT_INTERVAL_MS")

@@ -37,6 +37,7 @@ from handlers.privacy.envelope import CannotOpen
 from handlers.privacy.kek import UnknownKek
 from handlers.privacy.keyring import Forgotten, KeyRing
 from handlers.privacy.sealing import open_input, seal_conversation, seal_turn
+from handlers.worker.read_reuse import ReadReuse
 from projections.jev import JevError, build_request
 from projections.jobs import command_deadline
 from projections.redaction import email_domain
@@ -80,6 +81,8 @@ from schemas.records import (
 log = logging.getLogger(__name__)
 
 DECIDE_MEMO_SIZE = 1024
+DEFAULT_FRESH_READ_MS = 5000  # ROUTER_FRESH_READ_MS
+DEFAULT_SETTINGS_REUSE_MS = 5000  # ROUTER_SETTINGS_REUSE_MS
 THROTTLE_MARGIN_MS = 5_000
 
 
@@ -183,7 +186,9 @@ class EffectExecutor:
 
     Clients may be injected (tests, shared pools); otherwise both share one `httpx.AsyncClient` over aiohttp
     (handlers/clients/http_client.py) that never follows redirects. `timeout_s` is the per-request limit (60 s in
-    production; tests shorten it). `now_ms` stamps outcomes and is read for nothing else.
+    production; tests shorten it). `now_ms` stamps outcomes and is read for nothing else. Reads it may serve again
+    are kept in `reuse` (handlers/worker/read_reuse.py): within `fresh_read_ms` for a conversation read, within
+    `settings_reuse_ms` (never longer) for an inbox's bot link and an account's agents.
     """
 
     def __init__(
@@ -197,8 +202,11 @@ class EffectExecutor:
         now_ms: Callable[[], int] = _wall_clock_ms,
         timeout_s: float = TIMEOUT_S,
         decide_memo_size: int = DECIDE_MEMO_SIZE,
+        fresh_read_ms: int = DEFAULT_FRESH_READ_MS,
+        settings_reuse_ms: int = DEFAULT_SETTINGS_REUSE_MS,
     ) -> None:
         self._config = settings.config
+        self.reuse = ReadReuse(fresh_read_ms, settings_reuse_ms)
         self._keyring = keyring
         self._now_ms = now_ms
         self._owned_http: httpx.AsyncClient | None = None
@@ -219,6 +227,10 @@ class EffectExecutor:
         self._request_timeout_s = timeout_s
         self._decided: OrderedDict[str, EffectOutcome] = OrderedDict()
         self._deciding: dict[str, asyncio.Future[EffectOutcome]] = {}
+
+    def forget(self, key: str) -> None:
+        """The conversation was erased (`forget`): no read of it is kept for reuse."""
+        self.reuse.forget(key)
 
     async def aclose(self) -> None:
         """Close the HTTP connections this executor opened (injected clients are the caller's to close)."""
@@ -352,6 +364,8 @@ class EffectExecutor:
         check: bool,
         unchanged_since: float | None,
     ) -> OutcomeResult:
+        if command.op in MUTATIONS:
+            self.reuse.mutated(command.key)  # made or not, a read from before it is not lent any more
         if check and unchanged_since is not None:
             await chatwoot.reserve(2)  # the read and the mutation right after it: the budget never between them
             await self._unchanged_since(command, chatwoot, unchanged_since)
@@ -407,16 +421,22 @@ class EffectExecutor:
             )
             return ConversationsPageResult(rows=rows)
         if isinstance(p, ListAgents):
-            return AgentsResult(agent_ids=tuple(agent.id for agent in await chatwoot.list_agents(account)))
+            agents = self.reuse.agents(account)
+            if agents is None:
+                agents = AgentsResult(agent_ids=tuple(agent.id for agent in await chatwoot.list_agents(account)))
+                self.reuse.read_agents(account, agents)
+            return agents
         if isinstance(p, ListCanned):
             canned = await chatwoot.list_canned_responses(account)
             content = next((c.content for c in canned if c.short_code == p.short_code), None)
             return CannedResult(content=content)
         if isinstance(p, GetInboxBot):
-            bot = await chatwoot.get_inbox_bot(account, p.inbox_id)
-            if bot is None:
-                return InboxBotResult()
-            return InboxBotResult(bot_id=bot.id, bot_account_id=bot.account_id)
+            link = self.reuse.inbox_bot(account, p.inbox_id)
+            if link is None:
+                bot = await chatwoot.get_inbox_bot(account, p.inbox_id)
+                link = InboxBotResult() if bot is None else InboxBotResult(bot_id=bot.id, bot_account_id=bot.account_id)
+                self.reuse.read_inbox_bot(account, p.inbox_id, link)
+            return link
         if isinstance(p, Decide):
             if not config.is_routed(account):
                 raise _BadCommand(f"account {account} is not routed")
@@ -431,6 +451,7 @@ class EffectExecutor:
         account, conversation = _conversation_of(command)
         if isinstance(p, GetConversation):
             read = await chatwoot.get_conversation(account, conversation)
+            self.reuse.read_conversation(command.key, read)
             key = await self._keyring.key_for(command.key, _contact_id(read))
             return ConversationResult(conversation=seal_conversation(conversation_view(read), key))
         if isinstance(p, ReadTurn):
@@ -465,15 +486,20 @@ class EffectExecutor:
 
     async def _read_turn(self, chatwoot: ChatwootClient, key: str, account: int, conversation: int) -> OutcomeResult:
         """§6.1: the contact's identities come from a conversation read and never leave this function; the texts
-        leave it sealed under the conversation's data key (issue 32)."""
-        read = await chatwoot.get_conversation(account, conversation)
-        contact = read.meta.sender
-        name = contact.name if contact is not None else None
-        email = contact.email if contact is not None else None
-        pager = TurnPager()
-        while (request := pager.next_request()) is not None:
-            pager.feed(_views(await _page(chatwoot, account, conversation, request.before), name, email))
-        turn = pager.result()
+        leave it sealed under the conversation's data key (issue 32). The conversation read is the one the fresh
+        read made just before when it is lent, and the pages are not read again when that read shows the
+        conversation unchanged since they were (handlers/worker/read_reuse.py)."""
+        read = self.reuse.lend_conversation(key) or await chatwoot.get_conversation(account, conversation)
+        turn = self.reuse.turn(key, read)
+        if turn is None:
+            contact = read.meta.sender
+            name = contact.name if contact is not None else None
+            email = contact.email if contact is not None else None
+            pager = TurnPager()
+            while (request := pager.next_request()) is not None:
+                pager.feed(_views(await _page(chatwoot, account, conversation, request.before), name, email))
+            turn = pager.result()
+            self.reuse.read_turn(key, read, turn)
         if not any(m.text is not None for m in turn.messages):
             return turn
         return seal_turn(turn, await self._keyring.key_for(key, _contact_id(read)))

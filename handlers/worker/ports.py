@@ -75,6 +75,9 @@ class Executor(Protocol):
         self, command: EffectCommand, config: RouterConfig | None = None, *, unchanged_since: float | None = None
     ) -> EffectOutcome: ...
 
+    def forget(self, key: str) -> None:
+        """The conversation was erased: keep nothing of it (reads kept for reuse)."""
+
     async def aclose(self) -> None: ...
 
 

@@ -544,6 +544,7 @@ class WorkerService:
         if self.keyring is None:
             raise RuntimeError("this worker has no key ring: it cannot erase")
         self.keyring.erase(key, self.now_ms(), reason)
+        self.executor.forget(key)
         dropped = await self.lanes.cancel(lambda lane: lane == key)
         await self.prove_forgotten(key, self.now_ms(), reason, request_id)
         log.info("conversation forgotten", extra={"key": key, "request_id": request_id, "dropped": dropped})

@@ -209,7 +209,14 @@ class WorkerApp:
         self.service = WorkerService(
             tables=WorkerTables(states, sweep_states, timers, effect_attempts, partition_configs),
             sink=FaustSink(self.app, self.topics, self.barrier),
-            executor=executor if executor is not None else EffectExecutor(settings, keyring=self.keyring),
+            executor=executor
+            if executor is not None
+            else EffectExecutor(
+                settings,
+                keyring=self.keyring,
+                fresh_read_ms=env.fresh_read_ms,
+                settings_reuse_ms=env.settings_reuse_ms,
+            ),
             book=book if book is not None else ConfigBook([own]),
             own_document=own,
             load_book=lambda: read_book(env.bootstrap, env.app_id),

@@ -28,6 +28,7 @@ class WorkerEnv:
     sweep_interval_s: float = 300.0
     worker_id: str | None = None
     fresh_read_ms: int = 5000
+    settings_reuse_ms: int = 5000  # ROUTER_SETTINGS_REUSE_MS: an inbox's bot and an account's agents read once per
     log_retention_ms: int | None = None  # ROUTER_LOG_RETENTION_MS: None keeps the event log forever
     commit_interval_ms: int = 2800  # ROUTER_COMMIT_INTERVAL_MS: write cache and offsets at least this often
     chatwoot_version: str | None = None  # ROUTER_CHATWOOT_VERSION: stated when a proxy hides GET /api
@@ -50,6 +51,7 @@ class WorkerEnv:
             sweep_interval_s=env.sweep_interval_s,
             worker_id=env.worker_id,
             fresh_read_ms=env.fresh_read_ms,
+            settings_reuse_ms=env.settings_reuse_ms,
             log_retention_ms=env.log_retention_ms,
             commit_interval_ms=env.commit_interval_ms,
             chatwoot_version=env.chatwoot_version,

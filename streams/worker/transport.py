@@ -1,10 +1,13 @@
-"""The worker's Kafka transport: Faust's aiokafka transport with a short fetch long-poll.
+"""The worker's Kafka transport: Faust's aiokafka transport with a long-poll that is short only when it must be.
 
 faust-streaming creates its worker consumer with `fetch_max_wait_ms=1500`. aiokafka leaves a partition whose
 fetched records are not yet consumed out of the next fetch request, so under load a record produced to such a
 partition can wait for a long-poll on the *other* partitions to time out: each hop of the route procedure
 (command -> outcome -> next command) then took about a second (bench/worker_bench.py, docs/benchmarks.md). A
-short long-poll bounds that wait; the cost is more (empty) fetch requests while idle.
+short long-poll (FETCH_MAX_WAIT_MS) bounds that wait. When no partition is left out (every fetched record was
+consumed, none is paused), every partition is in the request and the broker answers it as soon as any of them gets
+a record: the long-poll is then IDLE_FETCH_MAX_WAIT_MS, and an idle worker makes 2 fetch requests a second instead
+of 20 (issue 40: an idle worker spent 27 ms of CPU a second on them, a third of a throttled burst's extra cost).
 
 The consumer also runs the worker's pre-commit hook (`set_pre_commit`) in `_commit_offsets`, before Faust
 commits the offsets: the write cache's changed keys are written there and the hook waits at the commit barrier
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import aiokafka
 from aiokafka.errors import CommitFailedError, IllegalGenerationError, UnknownMemberIdError
@@ -28,20 +31,62 @@ from faust.types import TP
 
 SCHEME = "router-kafka"
 FETCH_MAX_WAIT_MS = 50
+"""The long-poll while a partition is left out of the fetch request: a record produced to it waits at most this."""
+IDLE_FETCH_MAX_WAIT_MS = 500
+"""The long-poll while no partition is left out (aiokafka's own default): a new record answers it at once."""
+
+
+class LongPoll:
+    """`fetch_max_wait_ms` as aiokafka's fetcher puts it in each fetch request: FETCH_MAX_WAIT_MS while a partition
+    the worker consumes is left out of the request (aiokafka holds fetched records of it not consumed yet, or has
+    it paused), else IDLE_FETCH_MAX_WAIT_MS. Faust keeps its tables' changelog partitions assigned but consumes them
+    only while it recovers: the records aiokafka fetched of them wait in the fetcher for good, and do not count.
+    The fetcher passes the value on to the request, which packs it as an Int32 when it is sent: `__index__` is where
+    it is read."""
+
+    def __init__(self, consumer: aiokafka.AIOKafkaConsumer, consumed: Callable[[Any], bool]) -> None:
+        """`consumed(tp)`: whether the worker consumes that partition now."""
+        self._consumer = consumer
+        self._consumed = consumed
+
+    def __index__(self) -> int:
+        fetcher = getattr(self._consumer, "_fetcher", None)
+        waiting = getattr(fetcher, "_records", None)
+        subscription = getattr(self._consumer, "_subscription", None)
+        if waiting is None or subscription is None:
+            return FETCH_MAX_WAIT_MS  # not started, or an aiokafka whose insides moved: the safe value
+        # read in the consumer's thread: `waiting` is that thread's own; list() copies it in one step
+        left_out = [*list(waiting), *subscription.paused_partitions()]
+        if any(self._consumed(tp) for tp in left_out):
+            return FETCH_MAX_WAIT_MS
+        return IDLE_FETCH_MAX_WAIT_MS
+
+    __int__ = __index__
+
+    def __repr__(self) -> str:
+        return f"LongPoll({int(self)} ms)"
 
 
 class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """Faust's consumer thread, whose worker consumer long-polls for at most FETCH_MAX_WAIT_MS."""
-
-    fetch_max_wait_ms: ClassVar[int] = FETCH_MAX_WAIT_MS
+    """Faust's consumer thread, whose worker consumer long-polls as `LongPoll` says."""
 
     def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
         consumer = super()._create_worker_consumer(transport)
         if not hasattr(consumer, "_fetch_max_wait_ms"):
             raise RuntimeError("aiokafka consumer has no _fetch_max_wait_ms: revisit streams/worker/transport.py")
-        consumer._fetch_max_wait_ms = self.fetch_max_wait_ms  # read by its fetcher when it starts
+        consumer._fetch_max_wait_ms = LongPoll(consumer, self._consumed)  # handed to its fetcher when it starts
         consumer.commit = fenced_commit(consumer.commit, self._report_expelled)
         return consumer
+
+    def _consumed(self, tp: Any) -> bool:
+        """Whether Faust consumes `tp` now: one of its active partitions, or one whose buffer is full (it comes back
+        as soon as that drains); every assigned one before it has chosen. Membership only: the sets belong to the
+        event loop's thread, and this runs in the consumer's."""
+        faust_consumer = self.consumer
+        active = getattr(faust_consumer, "_active_partitions", None)
+        if active is None:
+            return True
+        return tp in active or tp in getattr(faust_consumer, "_buffered_partitions", ())
 
     def _report_expelled(self, why: str) -> None:
         report = _on_expelled.get(self.consumer.app)

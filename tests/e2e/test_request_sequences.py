@@ -63,6 +63,10 @@ class DemoStack:
             ROUTER_DATA_DIR=str(tmp / "state"),
             ROUTER_RETRY_BASE_MS=str(RETRY_BASE_MS),
             ROUTER_SWEEP_INTERVAL_S="3600",  # no periodic sweep: its reads would land between conversations
+            # an inbox's bot and an account's agents read once per 5 s would be read or not by how long the
+            # conversation before took: each conversation reads them here (tests/integration/test_read_reuse.py
+            # shows the reuse)
+            ROUTER_SETTINGS_REUSE_MS="0",
             **secrets,
         )
         port = self.sandbox_url.rsplit(":", 1)[1]

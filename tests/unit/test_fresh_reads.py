@@ -84,6 +84,9 @@ class ClockedExecutor:
             requests=requests,
         )
 
+    def forget(self, key: str) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from datetime import UTC, datetime
 
 import pytest
 
-from handlers.clients.budget import RequestBudget
+from handlers.clients.budget import GROUP_S, RequestBudget
 from projections.worker.throttle import TokenBucket, next_backoff, retry_after_s, worker_rate
 
 NOW = datetime(2026, 12, 3, 10, 0, 0, tzinfo=UTC)
@@ -62,20 +64,57 @@ def test_in_any_minute_the_default_stays_under_chatwoots_limit() -> None:
     assert bucket.capacity + 2400 < 3000
 
 
-async def test_waiting_requests_are_served_in_turn_between_conversations() -> None:
-    budget = RequestBudget(per_minute=1200)  # 20 a second
-    await budget.take("drain", n=200)  # the saved-up tokens are gone: from now on each request waits
+async def test_the_conversation_that_asked_first_is_served_first() -> None:
+    budget = RequestBudget(per_minute=600, group_s=0)  # 10 a second, one at a time: the order alone
+    await budget.take("drain", n=100)  # the saved-up tokens are gone: from now on each request waits
+    served: list[str] = []
+
+    async def conversation(lane: str, reads: int) -> None:
+        for _ in range(reads):  # one request after the other, as a run makes them
+            await budget.take(lane)
+            served.append(lane)
+
+    first = asyncio.ensure_future(conversation("1:first", 3))
+    await asyncio.sleep(0)
+    later = [asyncio.ensure_future(conversation(f"1:{n}", 3)) for n in range(3)]
+    await asyncio.wait_for(asyncio.gather(first, *later), 10)
+    # the first conversation's reads come in a row, not one per pass behind every other conversation's
+    assert served == ["1:first"] * 3 + ["1:0"] * 3 + ["1:1"] * 3 + ["1:2"] * 3, served
+
+
+async def test_tokens_go_out_in_groups_to_the_conversations_first_in_line() -> None:
+    """While requests wait, the budget wakes once per group of tokens, not once per token: their answers reach the
+    log together and are folded in one batch."""
+    budget = RequestBudget(per_minute=2400)  # 40 a second: 10 tokens a group
+    await budget.take("drain", n=400)
+    served: list[tuple[float, str]] = []
+
+    async def request(lane: str) -> None:
+        await budget.take(lane)
+        served.append((time.monotonic(), lane))
+
+    await asyncio.wait_for(asyncio.gather(*(request(f"1:{n}") for n in range(12))), 10)
+    assert [lane for _, lane in served] == [f"1:{n}" for n in range(12)]
+    times = [at for at, _ in served]
+    # one token every 25 ms would be 12 wake-ups
+    wake_ups = 1 + sum(1 for a, b in itertools.pairwise(times) if b - a > GROUP_S / 10)
+    assert wake_ups <= 4, times  # 12 tokens at 10 a group: 2 groups (one or two more if one straddles), not 12
+
+
+async def test_a_conversation_with_many_reads_goes_behind_the_others_after_its_hold() -> None:
+    budget = RequestBudget(per_minute=6000, hold_tokens=3)
+    await budget.take("drain", n=1000)
     served: list[str] = []
 
     async def request(lane: str) -> None:
         await budget.take(lane)
         served.append(lane)
 
-    busy = [asyncio.ensure_future(request("1:busy")) for _ in range(5)]
+    busy = [asyncio.ensure_future(request("1:busy")) for _ in range(8)]
     await asyncio.sleep(0)  # the busy conversation queues first
     other = asyncio.ensure_future(request("1:other"))
     await asyncio.wait_for(asyncio.gather(*busy, other), 10)
-    assert served.index("1:other") <= 1, served  # not behind all of the busy one's requests
+    assert served.index("1:other") == 3, served  # after the busy one's three in front, not after all eight
 
 
 async def test_a_429_pauses_every_request_of_the_installation() -> None:

@@ -55,6 +55,9 @@ class FakeExecutor:
             requests=requests,
         )
 
+    def forget(self, key: str) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 
