@@ -12,6 +12,8 @@ with the sandbox answering every Chatwoot call after 20 ms and System One after 
 2. isolation: the same, with the *first* conversation's System One call taking 30 s; the others' p99 must
    stay within 1.5x the baseline (a slow call delays only its own conversation, DESIGN §7).
 
+`idle`: five conversations, then the worker's CPU a second while it has nothing to do (20 s).
+
 `latency`: N conversations one after another on an idle stack; p50/p99 of webhook -> turn end (of which the
 simulated answers are 15 x 20 ms + 200 ms).
 
@@ -521,6 +523,20 @@ def run_latency(stack: Stack, count: int) -> Measured:
     return Measured(1000 * spent["worker"] / count, requests, count / sum(latencies))
 
 
+def run_idle(stack: Stack, settle_s: float = 5.0, measure_s: float = 20.0) -> None:
+    """Five conversations routed, then the worker left alone: its CPU per second while idle (what it costs to
+    wait, e.g. for Chatwoot's rate limit)."""
+    standing_faults(stack)
+    run_batch(stack, 5, slow_first=False)
+    time.sleep(settle_s)
+    assert stack.worker.popen is not None
+    pid = stack.worker.popen.pid
+    before, started = cpu_seconds(pid), time.monotonic()
+    time.sleep(measure_s)
+    spent = cpu_seconds(pid) - before
+    print(f"idle worker CPU: {1000 * spent / (time.monotonic() - started):.1f} ms a second", flush=True)
+
+
 def checkout_with_venv(ref: str, where: Path) -> Path:
     """A checkout of `ref` with a virtual environment of its own (its pyproject's dependencies); returns its python.
 
@@ -616,6 +632,9 @@ def run_once(
         try:
             if args.mode == "isolation":
                 return run_isolation(stack, args.conversations, args.profile, baseline_only=args.budget is not None)
+            if args.mode == "idle":
+                run_idle(stack)
+                return None
             if args.mode == "latency":
                 return run_latency(stack, args.conversations)
             run_scale(stack, args.conversations, tmp, args.kafka_pid)
@@ -690,7 +709,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", help="the broker (required unless --secure)")
     parser.add_argument("--conversations", type=int, default=100)
-    parser.add_argument("--mode", choices=("isolation", "scale", "latency"), default="isolation")
+    parser.add_argument("--mode", choices=("isolation", "scale", "latency", "idle"), default="isolation")
     parser.add_argument("--kafka-pid", type=int, help="pid of `chatwoot-router kafka`, to count the broker's CPU")
     parser.add_argument("--keep", help="keep the processes' logs and state in this directory")
     parser.add_argument("--against", metavar="REF", help="also run in a checkout of REF with its own venv; ratios")

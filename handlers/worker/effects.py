@@ -37,11 +37,11 @@ from handlers.privacy.envelope import CannotOpen
 from handlers.privacy.kek import UnknownKek
 from handlers.privacy.keyring import Forgotten, KeyRing
 from handlers.privacy.sealing import open_input, seal_conversation, seal_turn
-from handlers.worker.read_reuse import ReadReuse
 from projections.jev import JevError, build_request
 from projections.jobs import command_deadline
 from projections.redaction import email_domain
 from projections.turn import ReplyHistoryScan, TurnPager, message_view
+from projections.worker.read_reuse import ReadReuse
 from schemas.chatwoot import Conversation, Message
 from schemas.config import RouterConfig, Settings
 from schemas.keys import ConversationKey, SweepKey, parse_key
@@ -187,7 +187,7 @@ class EffectExecutor:
     Clients may be injected (tests, shared pools); otherwise both share one `httpx.AsyncClient` over aiohttp
     (handlers/clients/http_client.py) that never follows redirects. `timeout_s` is the per-request limit (60 s in
     production; tests shorten it). `now_ms` stamps outcomes and is read for nothing else. Reads it may serve again
-    are kept in `reuse` (handlers/worker/read_reuse.py): within `fresh_read_ms` for a conversation read, within
+    are kept in `reuse` (projections/worker/read_reuse.py): within `fresh_read_ms` for a conversation read, within
     `settings_reuse_ms` (never longer) for an inbox's bot link and an account's agents.
     """
 
@@ -206,7 +206,7 @@ class EffectExecutor:
         settings_reuse_ms: int = DEFAULT_SETTINGS_REUSE_MS,
     ) -> None:
         self._config = settings.config
-        self.reuse = ReadReuse(fresh_read_ms, settings_reuse_ms)
+        self.reuse = ReadReuse(fresh_read_ms, settings_reuse_ms, time.monotonic)
         self._keyring = keyring
         self._now_ms = now_ms
         self._owned_http: httpx.AsyncClient | None = None
@@ -488,7 +488,7 @@ class EffectExecutor:
         """§6.1: the contact's identities come from a conversation read and never leave this function; the texts
         leave it sealed under the conversation's data key (issue 32). The conversation read is the one the fresh
         read made just before when it is lent, and the pages are not read again when that read shows the
-        conversation unchanged since they were (handlers/worker/read_reuse.py)."""
+        conversation unchanged since they were (projections/worker/read_reuse.py)."""
         read = self.reuse.lend_conversation(key) or await chatwoot.get_conversation(account, conversation)
         turn = self.reuse.turn(key, read)
         if turn is None:

@@ -27,9 +27,20 @@ def diff_states(replayed: Mapping[str, ConversationState], live: Mapping[str, Co
             if theirs.first_offset < 0:  # written by a worker from before the start was recorded: not a difference
                 mine = mine.evolve(first_offset=theirs.first_offset, first_version=theirs.first_version)
             if mine != theirs:
-                fields = [f for f in type(mine).model_fields if getattr(mine, f) != getattr(theirs, f)]
+                names = [f for f in type(mine).model_fields if getattr(mine, f) != getattr(theirs, f)]
+                fields = [_field(name, mine, theirs) for name in names]
                 problems.append(f"{key}: differs in {', '.join(fields)}")
     return problems
+
+
+_POSITIONS = frozenset({"offset", "first_offset"})
+"""Fields shown with both values: log positions, which say where to look (and hold nothing private)."""
+
+
+def _field(name: str, replayed: ConversationState, live: ConversationState) -> str:
+    if name in _POSITIONS:
+        return f"{name} (replayed {getattr(replayed, name)}, live {getattr(live, name)})"
+    return name
 
 
 @dataclass

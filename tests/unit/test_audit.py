@@ -52,12 +52,18 @@ def test_verify_reports_every_key_whose_replayed_state_differs_from_the_live_tab
     from streams.audit_cmd import _table_key, diff_states
 
     same = ConversationState(offset=3)
-    replayed = {"1:1": same, "1:2": ConversationState(offset=5), "1:3": same}
-    live = {"1:1": same, "1:2": ConversationState(offset=5, ledger=ReplyLedger(value="attempted")), "1:4": same}
+    replayed = {"1:1": same, "1:2": ConversationState(offset=5), "1:3": same, "1:5": ConversationState(offset=9)}
+    live = {
+        "1:1": same,
+        "1:2": ConversationState(offset=5, ledger=ReplyLedger(value="attempted")),
+        "1:4": same,
+        "1:5": ConversationState(offset=7),
+    }
     assert diff_states(replayed, live) == [
         "1:2: differs in ledger",
         "1:3: missing from the live table",
         "1:4: only in the live table",
+        "1:5: differs in offset (replayed 9, live 7)",  # a log position says where to look
     ]
     assert diff_states(replayed, dict(replayed)) == []
     assert _table_key(b'"1:2"') == "1:2" and _table_key(b"1:2") == "1:2"

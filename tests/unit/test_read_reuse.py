@@ -1,10 +1,10 @@
-"""What the effect executor may serve again instead of asking Chatwoot (handlers/worker/read_reuse.py, issue 40)."""
+"""What the effect executor may serve again instead of asking Chatwoot (projections/worker/read_reuse.py, issue 40)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from handlers.worker.read_reuse import MAX_ENTRIES, TURN_KEPT_S, ReadReuse
+from projections.worker.read_reuse import MAX_ENTRIES, TURN_KEPT_S, ReadReuse
 from schemas.chatwoot import Conversation
 from schemas.records import AgentsResult, InboxBotResult, MessageView, TurnResult
 

@@ -1,4 +1,5 @@
-"""Reads the effect executor serves again instead of asking Chatwoot (issue 40: requests per conversation).
+"""Reads the effect executor serves again instead of asking Chatwoot (issue 40: requests per conversation). Pure:
+what is kept and for how long, against an injected clock; the executor (handlers/worker/effects.py) does the I/O.
 
 Chatwoot's rate limit, not the router's CPU, is the first ceiling a busy help desk meets, and a route run reads
 the same things several times: the turn read right after the snapshot's conversation read, the messages of a
@@ -23,7 +24,6 @@ kept here is redacted text, never written anywhere.
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
@@ -82,9 +82,8 @@ def _identity(conversation: Conversation) -> tuple[float | None, str | None, str
 class ReadReuse:
     """The reads one executor may serve again; see the module docstring for why each is safe."""
 
-    def __init__(
-        self, fresh_read_ms: int, settings_reuse_ms: int, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, fresh_read_ms: int, settings_reuse_ms: int, clock: Callable[[], float]) -> None:
+        """`clock`: seconds on a monotonic clock (the executor's)."""
         self._conversations: _Recent[Conversation] = _Recent(fresh_read_ms / 1000, clock)
         self._turns: _Recent[tuple[tuple[float | None, str | None, str | None], TurnResult]] = _Recent(
             TURN_KEPT_S, clock
