@@ -10,6 +10,10 @@ dropped as usual, a mutation still needs its fresh read).
 A version that cannot be learned (no answer, or a proxy that serves only `/api/v1`) keeps the gate closed too:
 routing on an unknown Chatwoot is exactly the silent degradation the check exists to prevent. An operator whose
 proxy hides `/api` states the version instead (`ROUTER_CHATWOOT_VERSION`); the worker then trusts it, and says so.
+Once a version was learned, a re-check that gets no answer (a 429 from Chatwoot's rate limit, which counts this
+request too, a timeout, a restart) keeps it: the gate stays as it was and the worker asks again within
+RETRY_EVERY_S. Only an answer closes an open gate; otherwise a busy installation at its rate limit would stop
+routing for 15 s at every unlucky re-check.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class ChatwootGate:
         self.version: str | None = stated_version
         self.reason: str | None = None if fetch_version is None else "Chatwoot's version not checked yet"
         self._open = asyncio.Event()
+        self._unanswered = False  # the last re-check got no answer: ask again soon
         if self.reason is None:
             self._open.set()
 
@@ -66,10 +71,18 @@ class ChatwootGate:
         if self.fetch_version is None:
             return
         version, learned = self.stated_version, "stated in ROUTER_CHATWOOT_VERSION"
+        self._unanswered = False
         if version is None:
             try:
                 version, learned = await self.fetch_version(), "reported on GET /api"
             except Exception as exc:  # no answer, a proxy without /api, not JSON: the version stays unknown
+                if self.is_open and self.version is not None:
+                    self._unanswered = True  # the version it learned stands until an answer says otherwise
+                    log.warning(
+                        "Chatwoot's version could not be checked again; routing on the one it reported",
+                        extra={"version": self.version, "error_type": type(exc).__name__},
+                    )
+                    return
                 version, learned = None, f"GET /api failed: {type(exc).__name__}"
         self.version = version
         problem = version_problem(version)
@@ -87,7 +100,7 @@ class ChatwootGate:
         """Check now and then every CHECK_EVERY_S (every RETRY_EVERY_S while closed), until cancelled."""
         while True:
             await self.check()
-            await asyncio.sleep(CHECK_EVERY_S if self.is_open else RETRY_EVERY_S)
+            await asyncio.sleep(CHECK_EVERY_S if self.is_open and not self._unanswered else RETRY_EVERY_S)
 
     def _set(self, reason: str | None, opened: str | None) -> None:
         changed = (reason is None) != self.is_open or reason != self.reason

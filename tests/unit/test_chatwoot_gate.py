@@ -58,6 +58,22 @@ async def test_an_unknown_version_keeps_the_gate_closed_unless_the_operator_stat
     assert stated.is_open and stated.version == "4.18.0"
 
 
+async def test_a_recheck_without_an_answer_keeps_the_version_learned_and_an_answer_still_counts() -> None:
+    changes: list[bool] = []
+    versions = Versions("4.18.0", RuntimeError("429 Retry later"), "4.15.1")
+    gate = ChatwootGate("http://chatwoot", versions, on_change=changes.append)
+    await gate.check()
+    assert gate.is_open and gate.version == "4.18.0"
+    await gate.check()  # Chatwoot's rate limit refused GET /api: routing goes on, on the version it reported
+    assert gate.is_open and gate.version == "4.18.0" and gate._unanswered
+    await gate.check()  # an answer: an older Chatwoot closes the gate as ever
+    assert not gate.is_open and "older than 4.17.0" in (gate.reason or "")
+    assert changes == [True, False]
+    unknown = ChatwootGate("http://chatwoot", Versions(RuntimeError("429 Retry later")))
+    await unknown.check()  # never learned: no answer keeps it closed
+    assert not unknown.is_open
+
+
 async def test_commands_wait_while_the_gate_is_closed_and_run_once_it_opens() -> None:
     """Nothing is run against an old Chatwoot (no read, no mutation, no handoff: no failure counted), and the
     turn goes on where it stopped once the version is right."""
