@@ -1,7 +1,8 @@
 """The kill-loop test (issue 15): the whole router under SIGKILLs, Chatwoot faults, people and broker restarts.
 
     .venv/bin/python -m bench.chaos --conversations 200 --kills 100 --seed 7 [--workers 2] [--partitions 8]
-        [--broker-restarts 3] [--pauses 12] [--duration 420] [--fault-rate 0.3] [--realistic] [--secure] [--json FILE]
+        [--broker-restarts 3] [--pauses 12] [--pause-in-recovery] [--duration 420] [--fault-rate 0.3] [--realistic]
+        [--secure] [--json FILE]
         [--forget-rate 0.1] [--work-dir DIR]
 
 It starts its own local Kafka broker (or uses `KAFKA_BOOTSTRAP_SERVERS`; broker restarts need its own), the
@@ -29,7 +30,9 @@ with its own RocksDB directory, on topics of `--partitions` partitions. Then, ov
 
 Meanwhile it SIGKILLs a random worker (sometimes the ingress) `--kills` times, each restarted 0.1-2 s later,
 freezes a random healthy worker `--pauses` times for 20-40 s (SIGSTOP, then SIGCONT: longer than its 15 s session,
-so the group gives its partitions away while it sleeps; it must fence itself when it wakes), and stops the broker
+so the group gives its partitions away while it sleeps; it must fence itself when it wakes; with
+`--pause-in-recovery` each pause first restarts its worker and freezes it the moment it holds partitions it has not
+recovered yet, /healthz 503 with `partitions` > 0), and stops the broker
 `--broker-restarts` times (SIGTERM and SIGKILL alternately, restarted on the same data dir 1-4 s later).
 A process that exits by itself is restarted too, and reported.
 
@@ -326,6 +329,7 @@ class Options:
     code_dir: Path = ROOT  # where the router's processes (ingress, workers, sweep, audit) run from
     worker_ids: bool = True  # ROUTER_WORKER_ID per worker (static membership: a restart keeps its partitions)
     pauses: int = 0  # SIGSTOP a worker for 20-40 s (past its 15 s session), then SIGCONT (issue 34)
+    pause_in_recovery: bool = False  # ... the moment a restarted worker holds partitions it still recovers (issue 40)
     slow_broker_ms: int = 0  # every byte to and from the broker this late (bench/latency_proxy.py; one broker only)
     slow_mutation_rate: float = 0.0  # share of conversations with one mutation Chatwoot answers only after 20 s
     realistic: bool = False  # the sandbox as rough as the real Chatwoot (issue 30): rate limit, webhooks out of order
@@ -575,6 +579,16 @@ class Chaos:
             return (await self.http.get(proc.health_url, timeout=3)).status_code == 200
         except httpx.HTTPError:
             return False
+
+    async def recovering(self, proc: Proc) -> bool:
+        """Whether `proc` holds partitions it has not recovered yet, or is in a rebalance (/healthz 503 with
+        partitions)."""
+        assert self.http is not None
+        try:
+            answer = await self.http.get(proc.health_url, timeout=1)
+        except httpx.HTTPError:
+            return False
+        return answer.status_code == 503 and answer.json().get("partitions", 0) > 0
 
     async def wait_healthy(self, proc: Proc, deadline_s: float) -> None:
         async def check() -> bool:
@@ -838,7 +852,15 @@ class Chaos:
             # a worker that folds what it owns (healthy for a moment: its fence is armed), not one still starting
             if not await wait_for(functools.partial(self.healthy, victim), 30, every_s=0.5):
                 continue
-            await asyncio.sleep(1.5)
+            if self.o.pause_in_recovery:
+                # restarted, and frozen while it recovers the partitions it was just given (its /healthz still 503)
+                victim.kill()
+                victim.start()
+                if not await wait_for(functools.partial(self.recovering, victim), 30, every_s=0.02):
+                    self.note(f"pause {n}/{self.o.pauses} skipped: no recovery caught", process=victim.name)
+                    continue
+            else:
+                await asyncio.sleep(1.5)
             pid = victim.pid
             if pid is None or not victim.alive():
                 continue
@@ -1168,6 +1190,11 @@ def main(argv: list[str] | None = None) -> int:
         "--pauses", type=int, default=0, help="freeze a random worker this often for 20-40 s (SIGSTOP, SIGCONT)"
     )
     parser.add_argument(
+        "--pause-in-recovery",
+        action="store_true",
+        help="each pause restarts its worker first and freezes it while it recovers the partitions it was given",
+    )
+    parser.add_argument(
         "--slow-broker-ms",
         type=int,
         default=0,
@@ -1227,6 +1254,7 @@ def main(argv: list[str] | None = None) -> int:
         code_dir=args.code_dir.resolve(),
         worker_ids=not args.no_worker_ids,
         pauses=args.pauses,
+        pause_in_recovery=args.pause_in_recovery,
         slow_broker_ms=args.slow_broker_ms,
         slow_mutation_rate=args.slow_mutation_rate,
         realistic=args.realistic,

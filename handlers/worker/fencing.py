@@ -38,37 +38,59 @@ def fail_stop(reason: str) -> NoReturn:
 
 
 class Fence:
-    """How long this worker went without running; in doubt, for good, once a gap exceeded the session timeout.
+    """Whether this worker went without running for longer than its session while it was a member of its group,
+    or was told it is no longer the member it was; in doubt, for good, once either happened.
 
-    The doubt is latched: after a pause, whichever runs first — a beat or a check before a write — must not erase
-    the evidence for the other. It is armed while the worker owns partitions and folds them (not during a table
-    recovery or a rebalance: a slow recovery is no reason to stop).
+    The doubt is latched: after a pause, whichever runs first — a beat, a check before a write, the next join —
+    must not erase the evidence for the others. A gap counts from the moment the group first gave the worker an
+    assignment (`joined`, called from the consumer's thread the moment the join completes, before the event loop
+    hears of it) for the rest of the process's life: while it recovers its tables and while it gives partitions
+    up too (issue 40). A slow recovery or a long revoke is no gap — the beat is a task of its own and goes on
+    while they wait — but a process frozen in one wakes with a write cache, queued effects and a recovery that
+    will say "done". A fence armed only once the worker was ready, or by a beat after the assignment, saw no gap
+    then, and the worker folded, wrote and mutated partitions another member owned by that time. Only a gap before
+    the first join (a slow start: it owns nothing yet) does not count.
     """
 
-    def __init__(self, session_timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        session_timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        membership: Callable[[], str | None] | None = None,
+    ) -> None:
+        """`membership()`: why the group's client already knows this member was expelled, or None (asked once
+        joined, before each write: the heartbeat may hear it before a refused commit says it)."""
         self.session_timeout_s = session_timeout_s
         self.clock = clock
-        self.armed = False
-        self._last = clock()
+        self.membership = membership
+        self._last = clock()  # the last beat
+        self._member_since: float | None = None  # when the first join completed
         self._gap: float | None = None
         self._expelled: str | None = None
 
-    def arm(self) -> None:
-        """The worker owns partitions from now on: a gap longer than the session counts."""
-        self.armed = True
-        self._last = self.clock()
+    @property
+    def armed(self) -> bool:
+        """Whether a gap counts: the worker has been a member of its group."""
+        return self._member_since is not None
 
-    def disarm(self) -> None:
-        """The worker owns nothing it folds right now (a rebalance, a table recovery); a doubt already latched
-        stays."""
-        self.armed = False
+    def joined(self) -> None:
+        """The group gave this worker an assignment just now (any thread). A gap already under way is judged
+        first, so a join that follows a pause never hides it."""
+        self._judge(self.clock())
+        if self._member_since is None:
+            self._member_since = self.clock()
 
     def beat(self) -> None:
-        """The worker is running now (a tick, a record)."""
+        """The worker is running now (a task of its own, every second)."""
         now = self.clock()
-        if self.armed and self._gap is None and now - self._last > self.session_timeout_s:
-            self._gap = now - self._last
+        self._judge(now)
         self._last = now
+
+    def _judge(self, now: float) -> None:
+        if self._gap is None and self._member_since is not None:
+            gap = now - max(self._last, self._member_since)
+            if gap > self.session_timeout_s:
+                self._gap = gap
 
     def expelled(self, why: str) -> None:
         """The group told this worker it is no longer the member it was (a commit refused for an old generation or an
@@ -78,10 +100,11 @@ class Fence:
 
     def in_doubt(self) -> bool:
         """Whether the worker went without running for longer than its session, or the group said it expelled it."""
+        if self._expelled is None and self.armed and self.membership is not None:
+            self._expelled = self.membership()
         if self._expelled is not None:
             return True
-        if self.armed and self._gap is None and self.clock() - self._last > self.session_timeout_s:
-            self._gap = self.clock() - self._last
+        self._judge(self.clock())
         return self._gap is not None
 
     def reason(self) -> str:

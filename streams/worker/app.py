@@ -62,7 +62,13 @@ from streams.worker.adapters import FaustPartitionScope, FaustSink, FaustTable, 
 from streams.worker.env import WorkerEnv
 from streams.worker.internals import InternalsChanged, check_internals, check_scoped_write
 from streams.worker.tables import Table, TableManager, compact_store, track_changelog
-from streams.worker.transport import broker_urls, set_on_expelled, set_pre_commit
+from streams.worker.transport import (
+    broker_urls,
+    forgotten_by_group,
+    set_on_expelled,
+    set_on_joined,
+    set_pre_commit,
+)
 
 log = logging.getLogger("chatwoot_router.worker")
 
@@ -127,7 +133,8 @@ class WorkerApp:
         self.tails = TailWatch()
         self.broker_ok = True
         self.barrier = Barrier()
-        self.fence = Fence(SESSION_TIMEOUT_S)
+        # a pause longer than the session, or the group's client already told it was expelled (issue 40)
+        self.fence = Fence(SESSION_TIMEOUT_S, membership=lambda: forgotten_by_group(self.app))
         self.app = faust.App(
             env.app_id,
             broker=broker_urls(env.bootstrap),  # streams/worker/transport.py: the short fetch long-poll
@@ -236,6 +243,7 @@ class WorkerApp:
         )
         set_pre_commit(self.app, self.service.before_offsets_commit)  # streams/worker/transport.py
         set_on_expelled(self.app, self.fence.expelled)  # a refused commit: no more writes, the beat stops the worker
+        set_on_joined(self.app, self.fence.joined)  # a pause from the first assignment on counts
         self._wire()
 
     @property
@@ -273,7 +281,7 @@ class WorkerApp:
         class Healthz(View):
             async def get(self, request: Request) -> Response:
                 ok = worker.ready() and worker.broker_ok and worker.gate.is_open
-                body: dict[str, Any] = {"ok": ok, "kafka": worker.broker_ok}
+                body: dict[str, Any] = {"ok": ok, "kafka": worker.broker_ok, "partitions": worker.held_count()}
                 if not worker.broker_ok and (reason := auth_reason(worker.env.bootstrap)) is not None:
                     body["kafka_reason"] = reason  # a refused login or certificate, in one line
                 if worker.gate.reason is not None:
@@ -445,16 +453,11 @@ class WorkerApp:
         long await never looks like a pause; only a process that did not run at all (frozen, or its loop blocked,
         when its group heartbeat stopped too) leaves a gap. In doubt while owning partitions, it stops."""
         while True:
-            self.fence.beat()  # first: a pause while armed is latched before a rebalance could disarm the fence
+            # armed by the consumer's thread the moment the group first gives this worker an assignment
+            # (streams/worker/transport.py: set_on_joined), and from then on for good (issue 40)
+            self.fence.beat()
             if self.fence.in_doubt():
                 self.service.stop(f"{self.fence.reason()}; not writing its cache")
-            # armed while the worker owns partitions and folds them (recovered, no rebalance): a long table recovery
-            # or a rebalance is not a pause, and nothing is folded or written by the worker meanwhile
-            working = self.ready() and bool(self.owned_partitions())
-            if working and not self.fence.armed:
-                self.fence.arm()
-            elif not working and self.fence.armed:
-                self.fence.disarm()
             await asyncio.sleep(BEAT_S)
 
     async def rewrap_forever(self) -> None:
@@ -587,6 +590,13 @@ class WorkerApp:
 
     def _source_topics(self) -> set[str]:
         return {self.topics[name].get_topic_name() for name in SOURCES}
+
+    def held_count(self) -> int:
+        """How many partitions of `conversations` the worker holds now, recovered or not (for /healthz)."""
+        try:
+            return len(self.owned_partitions())
+        except Exception:  # no assignment yet
+            return 0
 
     def owned_partitions(self) -> frozenset[int]:
         """Partitions of `conversations` (and so of `sweeps` and the tables) this worker actively owns."""

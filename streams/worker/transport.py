@@ -88,6 +88,14 @@ class ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
             return True
         return tp in active or tp in getattr(faust_consumer, "_buffered_partitions", ())
 
+    async def on_partitions_assigned(self, assigned: Any, generation_id: int = 0) -> None:
+        """In the consumer's thread, the moment a join completes: the fence counts a pause from here (issue 40),
+        before the event loop, which may be frozen with the rest of the process right now, hears of the join."""
+        joined = _on_joined.get(self.consumer.app)
+        if joined is not None:
+            joined()
+        await super().on_partitions_assigned(assigned, generation_id)
+
     def _report_expelled(self, why: str) -> None:
         report = _on_expelled.get(self.consumer.app)
         if report is not None:
@@ -126,9 +134,32 @@ _pre_commit: weakref.WeakKeyDictionary[Any, PreCommit] = weakref.WeakKeyDictiona
 _on_expelled: weakref.WeakKeyDictionary[Any, Callable[[str], None]] = weakref.WeakKeyDictionary()
 
 
+_on_joined: weakref.WeakKeyDictionary[Any, Callable[[], None]] = weakref.WeakKeyDictionary()
+
+
+def set_on_joined(app: Any, report: Callable[[], None]) -> None:
+    """Call `report` (in the consumer's thread) each time `app`'s consumer completes a join of its group."""
+    _on_joined[app] = report
+
+
 def set_on_expelled(app: Any, report: Callable[[str], None]) -> None:
     """Call `report` when `app`'s group refuses a commit because this member was expelled (`fenced_commit`)."""
     _on_expelled[app] = report
+
+
+def forgotten_by_group(app: Any) -> str | None:
+    """Why `app`'s consumer knows it is no longer the member it was, or None: its heartbeat (or a join) was answered
+    UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION, and aiokafka reset its generation to -1 (`reset_generation`) while
+    the app still works under the generation it was assigned in. The heartbeat runs in the consumer's thread and
+    may learn this before any commit is refused: the fence asks before each write (handlers/worker/fencing.py).
+    Two attribute reads; None when aiokafka's insides are not where they were."""
+    thread = getattr(getattr(app, "_consumer", None), "_thread", None)
+    coordinator = getattr(getattr(thread, "_consumer", None), "_coordinator", None)
+    generation = getattr(coordinator, "generation", None)
+    assigned_in = getattr(app, "consumer_generation_id", 0)
+    if isinstance(generation, int) and generation < 0 and isinstance(assigned_in, int) and assigned_in > 0:
+        return f"the group no longer knows this member (assigned in generation {assigned_in})"
+    return None
 
 
 def set_pre_commit(app: Any, hook: PreCommit) -> None:

@@ -59,7 +59,7 @@ def api_calls(stack: Stack, account: int, conversation: int, op: str) -> list[di
 
 
 def test_healthz_and_metrics_are_served(e2e: Stack) -> None:
-    assert e2e.healthz().json() == {"ok": True, "kafka": True}
+    assert e2e.healthz().json() == {"ok": True, "kafka": True, "partitions": 4}  # the one worker holds all 4
     for faust_view in ("/router/", "/table/conversation_state/", "/table/conversation_state/1:1/"):
         assert e2e.http.get(f"http://127.0.0.1:{e2e.web_port}{faust_view}").status_code == 404, faust_view
     text = e2e.metrics()

@@ -12,6 +12,7 @@ from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
 
+from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.errors import CommitFailedError, IllegalGenerationError, RebalanceInProgressError, UnknownMemberIdError
 from faust.types import TP
 from intervaltree import IntervalTree
@@ -158,7 +159,7 @@ async def test_a_commit_refused_because_the_group_expelled_this_member_puts_the_
         assert await thread._commit({T: 5}) is False  # Faust: "already rebalanced", nothing crashed
         assert reported == [f"the group refused an offset commit ({type(error).__name__})"]
         fence.expelled(reported[0])
-        assert fence.in_doubt()  # unarmed too: an expelled member owns nothing, whatever it thinks
+        assert fence.in_doubt()  # not joined too: an expelled member owns nothing, whatever it thinks
         assert "refused an offset commit" in fence.reason()
 
 
@@ -168,3 +169,23 @@ async def test_a_commit_refused_during_an_ordinary_rebalance_is_not_a_doubt() ->
     thread = thread_committing(RebalanceInProgressError(), reported)
     assert await thread._commit({T: 5}) is False
     assert reported == []
+
+
+def test_a_heartbeat_that_found_this_member_unknown_puts_a_worker_holding_partitions_in_doubt() -> None:
+    """Issue 40: after a pause the consumer's thread may hear UNKNOWN_MEMBER_ID on its heartbeat before the worker
+    commits anything; aiokafka then resets its generation to -1, and the fence's next question (before a changelog
+    write or a mutation) sees it, without waiting for a commit to be refused after the write."""
+    coordinator = SimpleNamespace(generation=7, member_id="m-1", request_rejoin=lambda: None)
+    app = SimpleNamespace(
+        _consumer=SimpleNamespace(_thread=SimpleNamespace(_consumer=SimpleNamespace(_coordinator=coordinator))),
+        consumer_generation_id=7,
+    )
+    fence = Fence(15.0, membership=lambda: transport.forgotten_by_group(app))
+    fence.joined()
+    assert not fence.in_doubt()
+    GroupCoordinator.reset_generation(coordinator)  # what aiokafka does on UNKNOWN_MEMBER_ID or ILLEGAL_GENERATION
+    assert fence.in_doubt()
+    assert "no longer knows this member" in fence.reason()
+    idle = Fence(15.0, membership=lambda: transport.forgotten_by_group(app))
+    assert not idle.in_doubt()  # not joined yet: not asked (before the first join the generation is -1 too)
+    assert transport.forgotten_by_group(SimpleNamespace()) is None  # insides moved: no doubt from the probe
